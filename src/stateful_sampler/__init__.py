@@ -1,0 +1,21 @@
+"""Checkpointable, exactly reproducible data order for PyTorch training."""
+
+from stateful_sampler.errors import IncompatibleStateError
+from stateful_sampler.keys import KeyedDataset, SampleKey
+from stateful_sampler.order.layout import Tail
+from stateful_sampler.orders import Order
+from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
+from stateful_sampler.state import SamplerState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "IncompatibleStateError",
+    "KeyedDataset",
+    "Order",
+    "SampleKey",
+    "SamplerState",
+    "StatefulSampler",
+    "Tail",
+    "add_pass_start_hook",
+]

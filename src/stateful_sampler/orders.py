@@ -1,0 +1,61 @@
+"""Which record sits at each stream position: the ``fast`` bijection or torch's ``randperm``."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from enum import Enum
+from typing import Callable
+
+import numpy as np
+import torch
+
+from stateful_sampler.order.permutation import FeistelPermutation
+
+Permute = Callable[[np.ndarray], np.ndarray]
+
+
+class Order(str, Enum):
+    FAST = "fast"  # O(block) bijection, no O(N) array
+    TORCH = "torch"  # exactly DistributedSampler's randperm(generator seeded with seed + epoch)
+
+
+class StreamRecords:
+    """Maps stream positions to records, pass by pass, keeping the last two passes' permutations
+    (``carry`` reads across one pass boundary at a time)."""
+
+    def __init__(self, order: Order, shuffle: bool, seed: int, size: int) -> None:
+        self._order = order
+        self._shuffle = shuffle
+        self._seed = seed
+        self._size = size
+        self._cache: OrderedDict[int, Permute] = OrderedDict()
+
+    def __call__(self, stream_positions: np.ndarray) -> np.ndarray:
+        if not self._shuffle or stream_positions.size == 0:
+            return stream_positions % max(self._size, 1)
+        passes, offsets = np.divmod(stream_positions, self._size)
+        first, last = int(passes[0]), int(passes[-1])
+        if first == last:
+            return self._permutation(first)(offsets)
+        records = np.empty_like(offsets)
+        for pass_index in range(first, last + 1):
+            in_pass = passes == pass_index
+            records[in_pass] = self._permutation(pass_index)(offsets[in_pass])
+        return records
+
+    def _permutation(self, pass_index: int) -> Permute:
+        permute = self._cache.get(pass_index)
+        if permute is None:
+            permute = self._build(pass_index)
+            self._cache[pass_index] = permute
+            if len(self._cache) > 2:
+                self._cache.popitem(last=False)
+        return permute
+
+    def _build(self, pass_index: int) -> Permute:
+        if self._order is Order.FAST:
+            return FeistelPermutation(self._size, self._seed, pass_index)
+        generator = torch.Generator()
+        generator.manual_seed(self._seed + pass_index)
+        table = torch.randperm(self._size, generator=generator).numpy()
+        return table.__getitem__
