@@ -9,6 +9,7 @@ the parent's state or RNG is used.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import chain
 from operator import length_hint
 from typing import Any, Callable, Iterator, Sized
 
@@ -24,7 +25,7 @@ from stateful_sampler.orders import Order, StreamRecords
 from stateful_sampler.state import STATE_VERSION, SamplerState
 
 _FIRST_BLOCK = 1024  # small, so the first batch after a resume is quick
-_MAX_BLOCK = 1 << 16  # large enough to amortise NumPy's per-call cost, small enough for cache
+_MAX_BLOCK = 1 << 14  # amortises NumPy's per-call cost while the Feistel scratch arrays stay in L2 cache
 
 PassStartHook = Callable[["StatefulSampler"], None]
 _pass_start_hooks: list[PassStartHook] = []
@@ -76,7 +77,7 @@ class StatefulSampler(DistributedSampler):
     Args:
         data_source: a sized dataset or the number of records N.
         shuffle: permute each epoch (``False`` gives 0..N-1).
-        seed: the order's seed, an int in [0, 2**64).
+        seed: the order's seed, an int in [0, 2**63) (an int64: keys carry it through collate).
         num_replicas, rank: the ranks; default to the process group, or 1 and 0 without one.
         tail: ``"pad"``, ``"drop"``, ``"uneven"`` or ``"carry"`` (see ``Tail``).
         order: ``"fast"`` (O(block) bijection) or ``"torch"`` (exactly ``DistributedSampler``).
@@ -100,7 +101,7 @@ class StatefulSampler(DistributedSampler):
         self.dataset = data_source
         self.size = _dataset_size(data_source)
         self.shuffle = check_bool("shuffle", shuffle)
-        self.seed = check_int("seed", seed, maximum=(1 << 64) - 1)
+        self.seed = check_int("seed", seed, maximum=(1 << 63) - 1)
         self.tail = check_choice("tail", tail, Tail)
         self.order = check_choice("order", order, Order)
         self.batch_size = check_optional_int("batch_size", batch_size, minimum=1)
@@ -155,8 +156,13 @@ class StatefulSampler(DistributedSampler):
         return len(self)
 
     def __len__(self) -> int:
-        """This rank's indices in the current epoch, counted from its start (as Lightning expects)."""
-        return self._layout(self._cursor).local_length(self.rank)
+        """This rank's indices in the current epoch, counted from its start (as Lightning expects).
+
+        The current epoch is the one a pass is drawing, or has drawn to its end, until ``set_epoch``
+        or the next pass: DataLoader workers can draw a short epoch whole before training reads
+        ``len(loader)``, and under ``carry`` the next epoch's length differs."""
+        layout = self._pass.layout if self._pass is not None else self._layout(self._cursor)
+        return layout.local_length(self.rank)
 
     # -- epochs
 
@@ -164,7 +170,7 @@ class StatefulSampler(DistributedSampler):
         """Move to ``epoch``'s start; the current epoch keeps its position (Lightning calls this again
         on resume, after the restored mid-epoch position is in place)."""
         epoch = check_int("epoch", epoch)
-        if epoch != self._cursor.epoch:
+        if epoch != self._cursor.epoch or (self._pass is not None and self._pass.finished):
             self._commit(_Cursor(epoch, 0, self._carry_start(epoch)))
 
     def _carry_start(self, epoch: int) -> int:
@@ -188,7 +194,13 @@ class StatefulSampler(DistributedSampler):
     # -- iteration
 
     def __iter__(self) -> Iterator[Any]:
-        """A lazy pass: epoch and position are read at the first ``next()``, not here."""
+        """A lazy pass: epoch and position are read at the first ``next()``, not here.
+
+        ``chain`` hands out each block's items in C; the generator behind it only resumes once
+        per block, which halves the per-index cost of a generator that yields every item."""
+        return chain.from_iterable(self._pass_blocks())
+
+    def _pass_blocks(self) -> Iterator[Iterator[Any]]:
         for hook in tuple(_pass_start_hooks):
             hook(self)
         origin = self._cursor
@@ -204,7 +216,7 @@ class StatefulSampler(DistributedSampler):
             stop = min(start + block, local_stop)
             items = self._items(layout, rank, start, stop)
             current.block_start, current.block_length, current.block = start, stop - start, iter(items)
-            yield from current.block
+            yield current.block
             block = min(2 * block, _MAX_BLOCK)
         if self._pass is current:
             # A completed pass moves on, so a forgotten set_epoch never replays the same order.
@@ -226,17 +238,22 @@ class StatefulSampler(DistributedSampler):
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's whole order for an epoch (default: the current one), without moving the cursor."""
-        layout = self._layout(self._cursor if epoch is None else self._cursor_at(epoch))
+        layout = self.layout(epoch)
         positions = layout.global_positions(self.rank, 0, layout.local_length(self.rank))
         return self._records(layout.stream_positions(positions))
 
     def dropped_indices(self, epoch: int | None = None) -> list[int]:
         """Records that ``tail='drop'`` leaves out of an epoch (default: the current one)."""
-        layout = self._layout(self._cursor if epoch is None else self._cursor_at(epoch))
+        layout = self.layout(epoch)
         if self.tail is not Tail.DROP:
             return []
         unused = layout.unused_stream()
         return self._records(np.arange(unused.start, unused.stop, dtype=np.int64)).tolist()
+
+    def layout(self, epoch: int | None = None) -> EpochLayout:
+        """An epoch's layout (default: the current one): its length, padding and carried positions,
+        for tools such as the coverage audit that must answer from the sampler's own arithmetic."""
+        return self._layout(self._cursor if epoch is None else self._cursor_at(epoch))
 
     def _cursor_at(self, epoch: int) -> _Cursor:
         epoch = check_int("epoch", epoch)

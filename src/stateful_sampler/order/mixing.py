@@ -54,3 +54,25 @@ def mix64_array(values: np.ndarray, key: int, out: np.ndarray) -> np.ndarray:
     out *= np.uint64(_MUL2)
     out ^= out >> np.uint64(31)
     return out
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one record's randomness in one pass: the same wherever and whenever it loads."""
+    return derive_seed(Domain.SAMPLE, seed, epoch, index)
+
+
+def worker_seed(seed: int, epoch: int, rank: int, worker_id: int) -> int:
+    """The seed of one DataLoader worker's randomness in one epoch on one rank."""
+    return derive_seed(Domain.WORKER, seed, epoch, rank, worker_id)
+
+
+def seed_words(seed: int, start: int, stop: int) -> np.ndarray:
+    """Words [start, stop) (both even) of a 64-bit seed's endless stream of 32-bit words.
+
+    Counter mode over the mixed seed, so a whole MT19937 state (624 words) depends on all 64 bits:
+    ``torch.manual_seed`` keeps only 32 of them, and 10^6 samples seeded that way would share ~100
+    streams (birthday bound). Two seeds share a word only if their mixed keys XOR to less than the
+    counter range, a chance of about 2**-53 per pair for a few thousand words.
+    """
+    counters = np.arange(start // 2, stop // 2, dtype=np.uint64)
+    return mix64_array(counters, mix64(seed), np.empty_like(counters)).view(np.uint32)
