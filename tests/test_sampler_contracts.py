@@ -212,3 +212,15 @@ def test_keys_of_the_largest_seed_collate_into_tensors() -> None:
     (values, keys), = list(DataLoader(KeyedDataset(torch.arange(4)), sampler=sampler, batch_size=4))
     assert keys.seed.tolist() == [2**63 - 1] * 4
     assert sorted(values.tolist()) == [0, 1, 2, 3]
+
+
+@given(size=st.integers(0, 500), world_size=st.integers(1, 8), batch_size=st.integers(1, 64), epoch=st.integers(0, 50))
+def test_carry_hands_the_rest_of_its_permutation_to_the_next_epoch(
+    size: int, world_size: int, batch_size: int, epoch: int
+) -> None:
+    sampler = StatefulSampler(size, num_replicas=world_size, rank=0, tail="carry", batch_size=batch_size)
+    this, following = sampler.layout(epoch), sampler.layout(epoch + 1)
+    rolled = this.unused_stream()
+    assert following.stream_start == this.stream_start + this.length == rolled.start
+    assert rolled.stop == max(rolled.start, (epoch + 1) * size)  # the rest of pass `epoch`, all of it if none fit
+    assert len(rolled) < world_size * batch_size or this.length == 0

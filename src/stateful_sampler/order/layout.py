@@ -48,6 +48,7 @@ class EpochLayout:
     world_size: int
     stream_start: int  # stream position of global position 0
     length: int
+    pass_end: int  # stream position where the epoch's own permutation ends: (epoch + 1) * N
 
     @classmethod
     def build(
@@ -55,14 +56,14 @@ class EpochLayout:
     ) -> EpochLayout:
         if tail is Tail.CARRY:
             end = carry_epoch_start(size, global_batch, epoch + 1, epoch, carry_start)
-            return cls(tail, size, world_size, carry_start, end - carry_start)
+            return cls(tail, size, world_size, carry_start, end - carry_start, (epoch + 1) * size)
         if tail is Tail.PAD:
             length = -(-size // world_size) * world_size
         elif tail is Tail.DROP:
             length = size // world_size * world_size
         else:
             length = size
-        return cls(tail, size, world_size, epoch * size, length)
+        return cls(tail, size, world_size, epoch * size, length, (epoch + 1) * size)
 
     def local_length(self, rank: int) -> int:
         """How many positions rank ``rank`` takes in this epoch."""
@@ -96,11 +97,6 @@ class EpochLayout:
         return positions >= self.size if self.tail is Tail.PAD else np.zeros(positions.shape, dtype=bool)
 
     def unused_stream(self) -> range:
-        """Stream positions of this epoch's pass that it does not take: ``drop`` cuts them for
-        good, ``carry`` hands them to the next epoch."""
-        end = self.stream_start + self.length
-        if self.tail is Tail.DROP:
-            return range(end, self.stream_start + self.size)
-        if self.tail is Tail.CARRY and self.size:
-            return range(end, -(-end // self.size) * self.size)
-        return range(0)
+        """Stream positions of the epoch's own permutation that it does not take: ``drop`` cuts them
+        for good, ``carry`` hands them to the next epoch (all of them when a global batch exceeds N)."""
+        return range(self.stream_start + self.length, max(self.stream_start + self.length, self.pass_end))

@@ -1,0 +1,109 @@
+"""``stateful-sampler audit``: the coverage audit from the command line.
+
+Describe the run with flags (``--size --world-size --batch-size --tail ...``) or point at a
+LightningCLI config (``--config``), whose train loader's sampler and batch settings are audited.
+Lightning is imported only for ``--config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from stateful_sampler.audit.compute import audit
+from stateful_sampler.audit.report import AuditReport
+from stateful_sampler.audit.setup import AuditConfig, on_rank
+from stateful_sampler.audit.table import render
+from stateful_sampler.order.layout import Tail
+from stateful_sampler.orders import Order
+from stateful_sampler.sampler import StatefulSampler
+
+_PROG = "stateful-sampler audit"
+_SAMPLER_FLAGS = ("size", "seed", "tail", "order", "shuffle")  # defined by the config under --config
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        report = _audit(args)
+        if args.plot:
+            from stateful_sampler.audit.plot import plot
+
+            plot(report, args.plot)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as error:
+        print(f"{_PROG}: error: {error}", file=sys.stderr)
+        return 2
+    sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n" if args.json else render(report))
+    if args.plot:
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=_PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = parser.add_argument_group("the run (without --config)")
+    run.add_argument("--size", type=int, help="records in the dataset (N)")
+    run.add_argument("--world-size", type=int, help="ranks (default 1; with --config: the sampler's)")
+    run.add_argument("--batch-size", type=int, help="per-rank batch of the loader (with --config: the loader's)")
+    run.add_argument("--tail", choices=[tail.value for tail in Tail], help="tail policy (default pad)")
+    run.add_argument("--order", choices=[order.value for order in Order], help="order (default fast)")
+    run.add_argument("--seed", type=int, help="the order's seed (default 0)")
+    run.add_argument("--shuffle", action=argparse.BooleanOptionalAction, help="shuffle each epoch (default on)")
+    run.add_argument(
+        "--drop-last", action=argparse.BooleanOptionalAction, help="the loader drops a short last batch (default off)"
+    )
+    run.add_argument("--num-workers", type=int, help="loader workers (reported; they change no count)")
+    run.add_argument("--config", metavar="CONFIG.yaml", help="audit the train loader of a LightningCLI config")
+    audited = parser.add_argument_group("what to audit and how to show it")
+    audited.add_argument("--epochs", type=int, default=1, help="epochs to audit (default 1)")
+    audited.add_argument("--start-epoch", type=int, default=0, help="first epoch audited (default 0)")
+    audited.add_argument("--json", action="store_true", help="machine-readable output")
+    audited.add_argument("--plot", metavar="FILE.png", help="write a picture (needs matplotlib)")
+    return parser
+
+
+def _audit(args: argparse.Namespace) -> AuditReport:
+    loader: dict[str, Any] = {}
+    if args.config:
+        clashes = [f"--{name}" for name in _SAMPLER_FLAGS if getattr(args, name) is not None]
+        if clashes:
+            raise ValueError(f"{', '.join(clashes)} cannot be combined with --config: the config defines the sampler")
+        source, loader = _from_config(args.config, args.world_size)
+    else:
+        if args.size is None:
+            raise ValueError("--size is required (or --config CONFIG.yaml)")
+        source = AuditConfig(
+            size=args.size,
+            world_size=1 if args.world_size is None else args.world_size,
+            seed=0 if args.seed is None else args.seed,
+            shuffle=True if args.shuffle is None else args.shuffle,
+            tail=args.tail or Tail.PAD.value,
+            order=args.order or Order.FAST.value,
+        )
+    given = {"batch_size": args.batch_size, "drop_last": args.drop_last, "num_workers": args.num_workers}
+    loader.update({name: value for name, value in given.items() if value is not None})
+    return audit(source, epochs=args.epochs, start_epoch=args.start_epoch, **loader)
+
+
+def _from_config(path: str, world_size: int | None) -> tuple[StatefulSampler, dict[str, Any]]:
+    """The config's train loader: its ``StatefulSampler`` and its batch settings."""
+    from stateful_sampler.lightning.config import build_train_dataloader
+
+    loader = build_train_dataloader(path)
+    batch_sampler = loader.batch_sampler
+    sampler = loader.sampler if loader.batch_size is not None else getattr(batch_sampler, "sampler", None)
+    if not isinstance(sampler, StatefulSampler):
+        raise TypeError(
+            f"the train loader of {path} samples with {type(sampler).__name__}, not a StatefulSampler: "
+            "the audit reads the order from StatefulSampler"
+        )
+    if world_size is not None:
+        sampler = on_rank(sampler, world_size, 0)
+    settings = {
+        "batch_size": loader.batch_size if loader.batch_size is not None else getattr(batch_sampler, "batch_size", None),
+        "drop_last": loader.drop_last if loader.batch_size is not None else getattr(batch_sampler, "drop_last", False),
+        "num_workers": loader.num_workers,
+    }
+    return sampler, settings
