@@ -33,10 +33,13 @@ class StreamRecords:
     def __call__(self, stream_positions: np.ndarray) -> np.ndarray:
         if not self._shuffle or stream_positions.size == 0:
             return stream_positions % max(self._size, 1)
-        passes, offsets = np.divmod(stream_positions, self._size)
-        first, last = int(passes[0]), int(passes[-1])
+        first = int(stream_positions.min()) // self._size
+        last = int(stream_positions.max()) // self._size
         if first == last:
+            # The usual block lies inside one pass: a subtraction instead of a per-element divmod.
+            offsets = stream_positions - first * self._size if first else stream_positions
             return self._permutation(first)(offsets)
+        passes, offsets = np.divmod(stream_positions, self._size)
         records = np.empty_like(offsets)
         for pass_index in range(first, last + 1):
             in_pass = passes == pass_index

@@ -88,7 +88,9 @@ class EpochLayout:
 
     def stream_positions(self, positions: np.ndarray) -> np.ndarray:
         """Stream positions behind global positions; ``pad`` wraps onto the start of its pass."""
-        if self.tail is Tail.PAD and self.size:
+        # Only the last round of ranks wraps; skipping the per-element modulo elsewhere saves a
+        # noticeable share of iteration time (docs/performance.md).
+        if self.tail is Tail.PAD and positions.size and int(positions.max()) >= self.size > 0:
             return self.stream_start + positions % self.size
         return self.stream_start + positions
 

@@ -6,6 +6,10 @@ through the cipher again (cycle walking), which keeps it a bijection on [0, size
 m*n - size < m, fewer than 1 in sqrt(size) values ever needs a second walk. Sizing the domain from
 ``size`` itself (not from a power of 4) avoids Grain's failure at 4^k + 1, where the cipher block
 was too narrow for the index range.
+
+Speed: every step is an in-place NumPy ufunc over the block (two scratch arrays, no temporaries),
+the round function is two multiplies around one xorshift, and the modular addition is a subtract
+and a minimum instead of a masked write (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from math import isqrt
 
 import numpy as np
 
-from stateful_sampler.order.mixing import Domain, derive_seed, mix64_array
+from stateful_sampler.order.mixing import Domain, derive_seed
 
 MAX_SIZE = 1 << 62  # keeps m below 2**31, so the 32x32-bit multiply-shift reduction stays exact
 
+_ROUND_MUL1 = np.uint64(0xBF58476D1CE4E5B9)  # SplitMix64's multipliers: odd, with good bit spread
+_ROUND_MUL2 = np.uint64(0x94D049BB133111EB)
+_ROUND_SHIFT = np.uint64(29)
 _U32 = np.uint64(32)
 
 
@@ -39,36 +46,47 @@ class FeistelPermutation:
         self._m = isqrt(size - 1) + 1 if size > 1 else 1
         self._n = -(-size // self._m) if size > 0 else 1
         self._round_keys = tuple(
-            derive_seed(Domain.PERMUTATION, seed, pass_index, size, round_index)
+            np.uint64(derive_seed(Domain.PERMUTATION, seed, pass_index, size, round_index))
             for round_index in range(rounds_for(size))
         )
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """Records at ``positions`` (int64 array of values in [0, size)), as an int64 array."""
-        values = self._encrypt(positions.astype(np.uint64))
-        outside = np.flatnonzero(values >= np.uint64(self.size))
+        values = self._encrypt(np.asarray(positions, dtype=np.int64).view(np.uint64))
+        size = np.uint64(self.size)
+        outside = np.flatnonzero(values >= size)
         while outside.size:
             walked = self._encrypt(values[outside])
             values[outside] = walked
-            outside = outside[walked >= np.uint64(self.size)]
+            outside = outside[walked >= size]
         return values.view(np.int64)
 
     def _encrypt(self, values: np.ndarray) -> np.ndarray:
-        modulus_left, modulus_right = self._m, self._n
-        left = values // np.uint64(modulus_right)
-        right = values - left * np.uint64(modulus_right)
+        """One pass of the cipher over [0, m*n); ``values`` is left untouched."""
+        modulus_left, modulus_right = np.uint64(self._m), np.uint64(self._n)
+        left = values // modulus_right
+        right = values - left * modulus_right
+        hashed = np.empty_like(values)
         scratch = np.empty_like(values)
         for key in self._round_keys:
-            # F(right) in [0, modulus_left): top 32 hash bits scaled by the modulus (Lemire's reduction).
-            mix64_array(right, key, out=scratch)
-            scratch >>= _U32
-            scratch *= np.uint64(modulus_left)
-            scratch >>= _U32
-            scratch += left
-            scratch[scratch >= np.uint64(modulus_left)] -= np.uint64(modulus_left)
-            left, right, scratch = right, scratch, left
+            # F(right): a multiply-xorshift-multiply hash of right ^ key, whose top 32 bits are scaled
+            # into [0, modulus_left) by a multiply-shift (Lemire's reduction, no division).
+            np.bitwise_xor(right, key, out=hashed)
+            hashed *= _ROUND_MUL1
+            np.right_shift(hashed, _ROUND_SHIFT, out=scratch)
+            hashed ^= scratch
+            hashed *= _ROUND_MUL2
+            hashed >>= _U32
+            hashed *= modulus_left
+            hashed >>= _U32
+            # (left + F) mod modulus_left without a mask: when the sum is below the modulus, the
+            # subtraction wraps to a huge uint64 and the minimum keeps the sum.
+            hashed += left
+            np.subtract(hashed, modulus_left, out=scratch)
+            np.minimum(hashed, scratch, out=hashed)
+            left, right, hashed = right, hashed, left
             modulus_left, modulus_right = modulus_right, modulus_left
         # An even number of rounds (rounds_for is always even) brings the moduli back to (m, n).
-        left *= np.uint64(modulus_right)
+        left *= modulus_right
         left += right
         return left

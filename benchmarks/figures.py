@@ -1,0 +1,206 @@
+"""The figures of issue 5: which cases each runs in a mode, the rows it reports and its targets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stateful_sampler.order.permutation import MAX_SIZE
+
+RunCase = Callable[[str, dict[str, Any]], dict[str, Any]]
+
+OURS = "ours"
+TORCHDATA = "torchdata StatefulDataLoader"
+SKIP_LOOP = "RandomSampler + skip loop"
+
+
+@dataclass(frozen=True)
+class Row:
+    figure: str
+    case: str
+    system: str
+    value: float | None  # None: not run, ``note`` says why
+    unit: str
+    peak_mib: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Check:
+    target: str
+    measured: str
+    met: bool
+
+
+@dataclass
+class Figures:
+    rows: list[Row]
+    checks: list[Check]
+
+
+def _label(size: int) -> str:
+    exponent = len(str(size)) - 1
+    return f"N=10^{exponent}" if size == 10**exponent else f"N={size}"
+
+
+def resume_latency(full: bool, run: RunCase, figures: Figures) -> None:
+    figure = "resume latency: load state at N/2 + first batch (batch 256)"
+    for size in (10**6, 10**7, 10**8):
+        for workers in (0, 2):
+            case = f"{_label(size)}, {workers} workers"
+            # Worker start-up jitters by tens of ms on a loaded machine: more repeats where it dominates.
+            ours = run("resume_ours", {"size": size, "workers": workers, "repeats": 15 if workers else 3})
+            figures.rows.append(Row(figure, case, OURS, ours["seconds"] * 1e3, "ms", ours["peak_mib_above_baseline"]))
+            if workers:
+                figures.rows.append(
+                    Row(figure, case, "ours, fresh epoch (no resume)", ours["fresh_epoch_seconds"] * 1e3, "ms")
+                )
+                allowed = 1.1 * ours["fresh_epoch_seconds"]
+                figures.checks.append(
+                    Check(
+                        f"{case}: resume no slower than a fresh epoch (10% noise allowance)",
+                        f"{ours['seconds'] * 1e3:.0f} ms vs fresh {ours['fresh_epoch_seconds'] * 1e3:.0f} ms",
+                        ours["seconds"] <= allowed,
+                    )
+                )
+            else:
+                figures.checks.append(
+                    Check(f"{case}: ≤ 10 ms", f"{ours['seconds'] * 1e3:.2f} ms", ours["seconds"] <= 0.010)
+                )
+            for system, function in ((TORCHDATA, "resume_torchdata"), (SKIP_LOOP, "resume_skip_loop")):
+                if size > 10**7 and not full:
+                    figures.rows.append(Row(figure, case, system, None, "ms", note="skipped in quick mode"))
+                    continue
+                anchor = run(function, {"size": size, "workers": workers})
+                figures.rows.append(
+                    Row(figure, case, system, anchor["seconds"] * 1e3, "ms", anchor["peak_mib_above_baseline"])
+                )
+                if system == TORCHDATA and size == 10**7 and workers == 0:
+                    speedup = anchor["seconds"] / ours["seconds"]
+                    figures.checks.append(
+                        Check(f"{case}: ≥ 1000× faster than torchdata", f"{speedup:,.0f}×", speedup >= 1000)
+                    )
+
+
+def epoch_order(full: bool, run: RunCase, figures: Figures) -> None:
+    memory = "peak memory iterating one epoch (above post-import baseline)"
+    speed = "one epoch of order, time per index"
+    for size in (10**8, 10**9) if full else (10**8,):
+        case = _label(size)
+        ours = run("epoch_ours", {"size": size})
+        figures.rows.append(Row(memory, case, f"{OURS} (StatefulSampler)", ours["peak_mib_above_baseline"], "MiB"))
+        figures.checks.append(
+            Check(
+                f"{case}: ours ≤ 64 MiB above baseline",
+                f"{ours['peak_mib_above_baseline']:.1f} MiB",
+                ours["peak_mib_above_baseline"] <= 64,
+            )
+        )
+        blocks = run("order_feistel_blocks", {"size": size})
+        figures.rows.append(
+            Row(
+                speed,
+                case,
+                f"{OURS}: Feistel blocks of 2^14",
+                blocks["seconds"] / size * 1e9,
+                "ns/index",
+                blocks["peak_mib_above_baseline"],
+            )
+        )
+        figures.rows.append(
+            Row(speed, case, f"{OURS}: iterating StatefulSampler", ours["seconds"] / size * 1e9, "ns/index")
+        )
+        if size > 10**8:
+            note = "not run: O(N) anchor needs ≥ 8 GB (randperm) / ≥ 40 GB (DistributedSampler's list)"
+            figures.rows.append(Row(memory, case, "DistributedSampler", None, "MiB", note=note))
+            figures.rows.append(Row(memory, case, "torch.randperm", None, "MiB", note=note))
+            continue
+        limit = None if full else 10**6
+        distributed = run("epoch_distributed", {"size": size, "limit": limit})
+        note = "" if full else "quick mode: first 10^6 indices (its whole order exists before the first)"
+        figures.rows.append(
+            Row(memory, case, "DistributedSampler", distributed["peak_mib_above_baseline"], "MiB", note=note)
+        )
+        randperm = run("order_randperm", {"size": size})
+        figures.rows.append(Row(memory, case, "torch.randperm", randperm["peak_mib_above_baseline"], "MiB"))
+        figures.rows.append(
+            Row(
+                speed,
+                case,
+                "torch.randperm",
+                randperm["seconds"] / size * 1e9,
+                "ns/index",
+                randperm["peak_mib_above_baseline"],
+            )
+        )
+        figures.checks.append(
+            Check(
+                f"{case}: Feistel block generation beats torch.randperm per index",
+                f"{blocks['seconds'] / size * 1e9:.1f} vs {randperm['seconds'] / size * 1e9:.1f} ns/index",
+                blocks["seconds"] < randperm["seconds"],
+            )
+        )
+
+
+def sampler_throughput(full: bool, run: RunCase, figures: Figures) -> None:
+    size = 10**7
+    result = run("throughput", {"size": size, "repeats": 5 if full else 3})
+    for key, figure in (
+        ("batched_seconds", "sampler throughput: one epoch via BatchSampler(256)"),
+        ("indices_seconds", "sampler throughput: one epoch of bare indices"),
+    ):
+        for system, seconds in result[key].items():
+            figures.rows.append(Row(figure, _label(size), system, seconds, "s"))
+    batched = result["batched_seconds"]
+    best_anchor = min(seconds for system, seconds in batched.items() if system != OURS)
+    speedup = best_anchor / batched[OURS]
+    figures.checks.append(
+        Check(
+            f"{_label(size)}: via BatchSampler ≥ 1.5× the faster of RandomSampler and DistributedSampler",
+            f"{speedup:.2f}×",
+            speedup >= 1.5,
+        )
+    )
+
+
+def loader_overhead(full: bool, run: RunCase, figures: Figures) -> None:
+    figure = "DataLoader time per batch, trivial dataset (batch 256)"
+    size = 10**6
+    for workers in (0, 2):
+        case = f"{_label(size)}, {workers} workers"
+        per_batch = run("loader_overhead", {"size": size, "workers": workers, "repeats": 3 if full else 2})[
+            "seconds_per_batch"
+        ]
+        for system, seconds in per_batch.items():
+            figures.rows.append(Row(figure, case, system, seconds * 1e6, "µs/batch"))
+        ours, plain, torchdata = per_batch[OURS], per_batch["DataLoader(shuffle=True)"], per_batch["StatefulDataLoader"]
+        figures.checks.append(
+            Check(
+                f"{case}: within 5% of DataLoader(shuffle=True)",
+                f"{(ours / plain - 1) * 100:+.1f}%",
+                ours <= 1.05 * plain,
+            )
+        )
+        figures.checks.append(Check(f"{case}: faster than torchdata", f"{torchdata / ours:.2f}×", ours < torchdata))
+
+
+def state_size(full: bool, run: RunCase, figures: Figures) -> None:
+    figure = "state size"
+    sizes = [10**6, 10**9, MAX_SIZE - 1]
+    result = run("state_sizes", {"sizes": sizes})
+    for size in sizes:
+        label = _label(size) if size < MAX_SIZE - 1 else "N=2^62-1"
+        figures.rows.append(Row(figure, "any N", f"{OURS}, JSON, {label}", result["ours_json_bytes"][str(size)], "B"))
+    figures.rows.append(Row(figure, "any N", f"{TORCHDATA}, pickled", result["torchdata_pickle_bytes"], "B"))
+    largest = max(result["ours_json_bytes"].values())
+    figures.checks.append(Check("state ≤ 512 B as JSON at any N", f"{largest} B", largest <= 512))
+
+
+FIGURES: dict[str, Callable[[bool, RunCase, Figures], None]] = {
+    "resume": resume_latency,
+    "memory": epoch_order,
+    "throughput": sampler_throughput,
+    "loader": loader_overhead,
+    "state": state_size,
+}

@@ -1,0 +1,263 @@
+"""``SamplerCheckpoint``: save the train samplers' consumed position, and resume from it exactly.
+
+Lightning reads a callback's state before the train loader exists, and starts iterating the
+loader before it calls ``set_epoch`` on the resumed epoch. So the saved states wait here until
+the first pass of a train sampler starts (``add_pass_start_hook``) or, with no workers, until
+``on_train_start``, whichever comes first. The position saved is what the training loop has
+*processed*, counted from Lightning's batch progress, never what workers prefetched.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Callable
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from stateful_sampler.errors import IncompatibleStateError
+from stateful_sampler.lightning.epoch_length import (
+    EpochBatches,
+    count_current_epoch,
+    hold_epoch_batches,
+    lightning_epoch_batches,
+)
+from stateful_sampler.lightning.loaders import (
+    SamplerSetupError,
+    checked_train_samplers,
+    combined_train_loader,
+    restart_train_iteration,
+    train_samplers,
+)
+from stateful_sampler.order.layout import Tail
+from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
+
+CALLBACK_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class _SavedPosition:
+    """The callback's checkpoint entry: the batches processed in the epoch, whether that ended the
+    epoch for Lightning, the epoch's batch count as Lightning held it, and one state per train
+    sampler, in loader order."""
+
+    batches_processed: int
+    epoch_finished: bool
+    epoch_batches: dict[str, Any]
+    samplers: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": CALLBACK_STATE_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> _SavedPosition:
+        if state.get("version") != CALLBACK_STATE_VERSION:
+            raise IncompatibleStateError(
+                "SamplerCheckpoint version", state.get("version", "<missing>"), CALLBACK_STATE_VERSION
+            )
+        for field in fields(cls):
+            if field.name not in state:
+                raise IncompatibleStateError(f"SamplerCheckpoint {field.name}", "<missing>", field.type)
+        return cls(**{field.name: state[field.name] for field in fields(cls)})
+
+
+@dataclass(frozen=True)
+class _PassStart:
+    """Where a train sampler's current pass began, in Lightning's count and in the sampler's order.
+
+    A sampler counts consumed batches from its pass start, Lightning from the epoch start. A pass
+    begun from a restored state remembers that state: Lightning calls ``set_epoch`` on the resumed
+    epoch after workers may have drawn the whole pass, which detaches the pass from the sampler.
+    """
+
+    batches_before: int
+    epoch: int  # the epoch the pass draws
+    restored_from: dict[str, Any] | None = None
+    started: bool = True
+
+
+class SamplerCheckpoint(Callback):
+    """Makes a ``Trainer`` resume its train ``StatefulSampler`` s exactly where training stopped.
+
+    Add it next to a step-based ``ModelCheckpoint`` and resume with ``ckpt_path``; each train
+    ``DataLoader`` needs ``sampler=StatefulSampler(ds, batch_size=B)`` and ``batch_size=B``.
+    Without a checkpoint to resume from, the run is exactly what it is without this callback
+    (under ``tail="carry"`` it also keeps Lightning's per-epoch batch count right, see
+    ``epoch_length``).
+    """
+
+    def __init__(self) -> None:
+        self._remove_hook: Callable[[], None] | None = None
+        self._forget_the_run()
+
+    def _forget_the_run(self) -> None:
+        self._trainer: Trainer | None = None
+        self._pending: _SavedPosition | None = None
+        self._loaded = False  # this fit resumed from a checkpoint that holds a state of ours
+        self._restore_error: ValueError | None = None
+        self._passes: dict[StatefulSampler, _PassStart] = {}
+        # After a checkpoint that ended an epoch, Lightning still counts the finished epoch's
+        # batches while it restarts, and only then the next epoch's (carry only).
+        self._finished_epoch_batches: EpochBatches | None = None
+        self._recount_at_first_batch = False
+
+    # -- lifecycle
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and self._remove_hook is None:
+            self._trainer = trainer
+            self._remove_hook = add_pass_start_hook(self._on_pass_start)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._detach()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._detach()
+
+    def _detach(self) -> None:
+        if self._remove_hook is not None:
+            self._remove_hook()
+        self._remove_hook = None
+        self._forget_the_run()
+
+    # -- checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self._trainer
+        if trainer is None or combined_train_loader(trainer) is None:
+            return {}
+        processed = _batches_processed(trainer)
+        states = []
+        for sampler in train_samplers(trainer):
+            start = self._passes.get(sampler, _PassStart(0, _lightning_epoch(trainer)))
+            consumed = processed - start.batches_before
+            if start.restored_from is None:
+                states.append(sampler.state_dict(consumed_batches=consumed))
+            else:
+                states.append(_state_after(sampler, start.restored_from, consumed))
+        finished = processed >= trainer.num_training_batches
+        return _SavedPosition(processed, finished, asdict(lightning_epoch_batches(trainer)), states).to_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Runs before the train loader exists: keep the state for the samplers' first pass."""
+        self._pending = _SavedPosition.from_dict(state_dict)
+        self._loaded = True
+
+    # -- restoring, at the first of: a train sampler's pass start, on_train_start
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        samplers = checked_train_samplers(trainer)
+        if self._restore_error is not None:
+            raise self._restore_error
+        if self._pending is not None:
+            begun = any(sampler in self._passes for sampler in samplers)
+            self._restore(samplers, self._pending)
+            if begun:
+                # A strategy that restores after setup read the checkpoint only after
+                # estimated_stepping_batches had started the loader's workers (#20550).
+                restart_train_iteration(trainer)
+        elif trainer.ckpt_path is not None and not self._loaded:
+            self._resume_without_state(trainer, samplers)
+        if not _has_carry(samplers):
+            return
+        if self._finished_epoch_batches is not None:
+            # Lightning decides that the saved epoch is over from its batch count, after this hook
+            hold_epoch_batches(trainer, self._finished_epoch_batches)
+            self._recount_at_first_batch = True
+        else:
+            count_current_epoch(trainer)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if _has_carry(train_samplers(trainer)):
+            count_current_epoch(trainer)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._recount_at_first_batch:
+            self._recount_at_first_batch = False
+            trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = count_current_epoch(trainer)
+
+    def _on_pass_start(self, sampler: StatefulSampler) -> None:
+        trainer = self._trainer
+        if trainer is None:
+            return
+        samplers = train_samplers(trainer)
+        if not any(sampler is train_sampler for train_sampler in samplers):
+            return  # a validation or test loader's sampler: not ours to move
+        if self._pending is not None:
+            try:
+                self._restore(samplers, self._pending)
+            except ValueError as error:
+                # Raised from on_train_start instead: Lightning's clean-up after an error inside
+                # iter(loader) fails in turn and buries it under an unrelated RuntimeError.
+                self._pending, self._restore_error = None, error
+        start = self._passes.get(sampler)
+        if start is not None and not start.started:
+            self._passes[sampler] = replace(start, started=True)
+        else:
+            # Lightning's set_epoch may come after this pass has begun (#21938), e.g. for a sampler
+            # that a previous fit left in a later epoch.
+            sampler.set_epoch(_lightning_epoch(trainer))
+            self._passes[sampler] = _PassStart(_batches_processed(trainer), _lightning_epoch(trainer))
+
+    def _resume_without_state(self, trainer: Trainer, samplers: list[StatefulSampler]) -> None:
+        """A checkpoint saved without this callback resumes exactly only at an epoch's end, where the
+        samplers start a new epoch; a pass begun before Lightning restored its epoch (#20550) begins
+        again, in the right one."""
+        if _mid_epoch(trainer):
+            raise SamplerSetupError(
+                f"checkpoint {trainer.ckpt_path} was saved mid-epoch without SamplerCheckpoint, so where the "
+                f"epoch stopped is unknown: resume from an end-of-epoch checkpoint, or from one saved with "
+                f"SamplerCheckpoint in the Trainer's callbacks"
+            )
+        epoch = _lightning_epoch(trainer)
+        if any(sampler in self._passes and self._passes[sampler].epoch != epoch for sampler in samplers):
+            for sampler in samplers:
+                sampler.set_epoch(epoch)
+            restart_train_iteration(trainer)
+
+    def _restore(self, samplers: list[StatefulSampler], saved: _SavedPosition) -> None:
+        """Load the saved states; after a checkpoint that ended Lightning's epoch, every sampler moves
+        on to the next epoch (a shorter loader under ``min_size`` never drew its epoch to the end)."""
+        if len(saved.samplers) != len(samplers):
+            raise IncompatibleStateError(
+                "SamplerCheckpoint samplers",
+                len(saved.samplers),
+                len(samplers),
+                "the checkpoint holds one state per StatefulSampler of the train loaders",
+            )
+        batches_before = 0 if saved.epoch_finished else saved.batches_processed
+        for sampler, state in zip(samplers, saved.samplers):
+            sampler.load_state_dict(state)
+            if saved.epoch_finished:
+                sampler.set_epoch(sampler.epoch + 1)
+            self._passes[sampler] = _PassStart(batches_before, sampler.epoch, sampler.state_dict(), started=False)
+        if saved.epoch_finished:
+            self._finished_epoch_batches = EpochBatches(**saved.epoch_batches)
+        self._pending = None
+
+
+def _state_after(sampler: StatefulSampler, origin: dict[str, Any], consumed_batches: int) -> dict[str, Any]:
+    """The state ``consumed_batches`` after ``origin``, computed by the sampler's own arithmetic on a
+    copy, so the running sampler and its pass stay untouched."""
+    probe = copy.copy(sampler)
+    probe.load_state_dict(origin)
+    return probe.state_dict(consumed_batches=consumed_batches)
+
+
+def _batches_processed(trainer: Trainer) -> int:
+    """Batches the training loop has finished in the current epoch (a resumed run counts on)."""
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+def _lightning_epoch(trainer: Trainer) -> int:
+    """The epoch Lightning passes to ``set_epoch`` (``trainer.current_epoch`` lags behind it at an
+    epoch's end)."""
+    return trainer.fit_loop.epoch_progress.current.processed
+
+
+def _mid_epoch(trainer: Trainer) -> bool:
+    return 0 < _batches_processed(trainer) < trainer.num_training_batches
+
+
+def _has_carry(samplers: list[StatefulSampler]) -> bool:
+    return any(sampler.tail is Tail.CARRY for sampler in samplers)

@@ -1,0 +1,122 @@
+"""Compare an uninterrupted run with a killed-and-resumed one, batch by batch and weight by weight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stateful_sampler.lightning.fingerprint import batch_fingerprint
+from stateful_sampler.lightning.recorder import BatchRecord, RunRecord
+
+
+@dataclass(frozen=True)
+class ResumeReport:
+    """The verdict, with the evidence: what was compared and, if anything differs, the first difference."""
+
+    kill_at: int  # optimizer steps done when the killed run was killed
+    resumed_from: int | None  # step of the last checkpoint the killed run wrote
+    batches_compared: int  # reference batches (one per rank and step)
+    identical_batches: int  # reference batches every other run's copy of which matched
+    ranks: int
+    first_divergence: str | None  # the earliest difference in training order, described
+    reference_weights: str | None  # fingerprint of the final weights
+    resumed_weights: str | None
+    weight_divergence: str | None
+    reference: RunRecord
+    killed: RunRecord
+    resumed: RunRecord
+
+    @property
+    def equal(self) -> bool:
+        return self.first_divergence is None and self.weight_divergence is None
+
+
+def compare_runs(reference: RunRecord, killed: RunRecord, resumed: RunRecord, kill_at: int) -> ResumeReport:
+    """Every batch the killed run trained on before its death and every batch of the resumed run must
+    equal the reference's batch at the same (epoch, batch, rank); together they must cover it; the
+    resumed run must start at the last checkpoint; the final weights must be bitwise equal."""
+    expected = {record.key: record for record in reference.batches}
+    differences: list[tuple[tuple[int, int, int], str]] = []
+    matching = set(expected)
+    seen: set[tuple[int, int, int]] = set()
+    for run_name, run in (("killed", killed), ("resumed", resumed)):
+        for record in run.batches:
+            seen.add(record.key)
+            want = expected.get(record.key)
+            if want is None:
+                extra = f"{_where(record)}: the {run_name} run has a batch the uninterrupted run never had"
+                differences.append((record.key, extra))
+            elif (want.fingerprint, want.indices) != (record.fingerprint, record.indices):
+                matching.discard(record.key)
+                differences.append((record.key, _mismatch(run_name, want, record)))
+    for key in sorted(set(expected) - seen):
+        matching.discard(key)
+        differences.append((key, f"{_where(expected[key])}: neither the killed nor the resumed run trained on this batch"))
+    resumed_from = max(killed.checkpoint_steps, default=None)
+    start_problem = _start_problem(resumed, resumed_from, kill_at)
+    if start_problem is not None:
+        differences.append(((-1, -1, -1), start_problem))
+    weight_divergence = _weight_divergence(reference, resumed)
+    return ResumeReport(
+        kill_at=kill_at,
+        resumed_from=resumed_from,
+        batches_compared=len(expected),
+        identical_batches=len(matching),
+        ranks=len({record.rank for record in reference.batches}),
+        first_divergence=min(differences)[1] if differences else None,
+        reference_weights=_fingerprint(reference),
+        resumed_weights=_fingerprint(resumed),
+        weight_divergence=weight_divergence,
+        reference=reference,
+        killed=killed,
+        resumed=resumed,
+    )
+
+
+def _where(record: BatchRecord) -> str:
+    return f"step {record.step} (epoch {record.epoch}, batch {record.batch_idx}), rank {record.rank}"
+
+
+def _mismatch(run_name: str, want: BatchRecord, got: BatchRecord) -> str:
+    lines = [
+        f"{_where(got)}: the {run_name} run trained on another batch than the uninterrupted run",
+        f"  expected fingerprint {want.fingerprint}, got {got.fingerprint}",
+    ]
+    if want.indices != got.indices:
+        lines.append(f"  expected indices {want.indices}")
+        lines.append(f"  got indices      {got.indices}")
+    elif want.indices is not None:
+        lines.append(f"  same indices {want.indices}: the augmentation differs")
+    return "\n".join(lines)
+
+
+def _start_problem(resumed: RunRecord, resumed_from: int | None, kill_at: int) -> str | None:
+    if resumed_from is None:
+        return f"the killed run wrote no checkpoint before step {kill_at}: kill later or checkpoint more often"
+    if not resumed.batches:
+        return "the resumed run trained on no batch"
+    first_step = resumed.batches[0].step
+    if first_step != resumed_from:
+        return (
+            f"the resumed run started at step {first_step}, not at the last checkpoint (step {resumed_from}): "
+            f"ckpt_path='last' did not find it"
+        )
+    return None
+
+
+def _weight_divergence(reference: RunRecord, resumed: RunRecord) -> str | None:
+    if reference.weights is None or resumed.weights is None:
+        return "final weights missing: a run did not reach the end of training"
+    if reference.weights.keys() != resumed.weights.keys():
+        return f"the weights have other names: {sorted(reference.weights)} vs {sorted(resumed.weights)}"
+    for name, want in reference.weights.items():
+        got = resumed.weights[name]
+        if want.dtype != got.dtype or want.shape != got.shape or not torch.equal(want, got):
+            gap = (want.double() - got.double()).abs().max().item() if want.shape == got.shape else float("nan")
+            return f"final weight {name!r} differs: max |difference| {gap:.3g}"
+    return None
+
+
+def _fingerprint(run: RunRecord) -> str | None:
+    return None if run.weights is None else batch_fingerprint(run.weights)

@@ -1,0 +1,58 @@
+"""A batch's fingerprint: a hash of every tensor and value in it, in structure order.
+
+Two batches with the same records in another order, or the same records with other augmentation,
+hash differently; so comparing fingerprints checks both without the dataset returning indices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from stateful_sampler.keys import SampleKey
+
+
+def batch_fingerprint(batch: Any) -> str:
+    """A hex digest of the batch: dtypes, shapes and bytes of its tensors, and its other values."""
+    digest = hashlib.blake2b(digest_size=16)
+    _feed(digest, batch)
+    return digest.hexdigest()
+
+
+def _feed(digest: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"tensor {tensor.dtype} {tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, Mapping):
+        digest.update(f"mapping {len(value)};".encode())
+        for key in sorted(value, key=repr):
+            digest.update(f"key {key!r};".encode())
+            _feed(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"{type(value).__name__} {len(value)};".encode())
+        for item in value:
+            _feed(digest, item)
+    else:
+        digest.update(f"value {value!r};".encode())
+
+
+def batch_indices(batch: Any) -> list[int] | None:
+    """The dataset indices of a batch when it carries them as a collated ``SampleKey``
+    (``StatefulSampler(yield_keys=True)`` with ``KeyedDataset``); ``None`` otherwise."""
+    if isinstance(batch, SampleKey) and isinstance(batch.index, torch.Tensor):
+        return batch.index.tolist()
+    if isinstance(batch, Mapping):
+        children: Any = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        children = batch
+    else:
+        return None
+    for child in children:
+        found = batch_indices(child)
+        if found is not None:
+            return found
+    return None

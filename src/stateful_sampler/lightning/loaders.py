@@ -1,0 +1,123 @@
+"""Find the ``StatefulSampler`` s of Lightning's train loaders, and refuse setups that cannot resume.
+
+Lightning flattens list/dict/nested train loaders into one ``CombinedLoader``; each loader's
+sampler sits at ``loader.sampler`` or ``loader.batch_sampler.sampler`` (the two places
+Lightning itself calls ``set_epoch`` on). Anything else in those places cannot be resumed
+exactly, so it is an error raised before the first training step, not a silent replay.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from lightning.pytorch import Trainer
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+from stateful_sampler.sampler import StatefulSampler
+
+
+class SamplerSetupError(ValueError):
+    """A train loader that ``SamplerCheckpoint`` cannot resume exactly; the message names the fix."""
+
+
+def combined_train_loader(trainer: Trainer) -> CombinedLoader | None:
+    """The ``CombinedLoader`` the fit loop iterates (``None`` until Lightning builds it).
+
+    ``trainer.train_dataloader`` gives the user's structure; the fit loop's own object also holds
+    the per-loader batch limits, which ``carry`` keeps in step with its epoch lengths.
+    """
+    return trainer.fit_loop._combined_loader
+
+
+def iterated_train_loader(trainer: Trainer) -> tuple[CombinedLoader, Any]:
+    """The fit loop's ``CombinedLoader`` and its live iterator, which holds the limits in force."""
+    combined = combined_train_loader(trainer)
+    if combined is None or combined._iterator is None:
+        raise RuntimeError("the train loader is not iterated yet: call this inside Trainer.fit, from on_train_start on")
+    return combined, combined._iterator
+
+
+def restart_train_iteration(trainer: Trainer) -> None:
+    """Start the fit loop's iteration over the train loaders again, so every sampler begins a new
+    pass (and its workers drop what they prefetched)."""
+    iter(trainer.fit_loop._data_fetcher)
+
+
+def train_samplers(trainer: Trainer) -> list[StatefulSampler]:
+    """Every ``StatefulSampler`` of the train loaders, in loader order, without checking the setup."""
+    combined = combined_train_loader(trainer)
+    if combined is None:
+        return []
+    return [s for loader in combined.flattened for s in _samplers_of(loader) if isinstance(s, StatefulSampler)]
+
+
+def checked_train_samplers(trainer: Trainer) -> list[StatefulSampler]:
+    """Every train loader's ``StatefulSampler``; raises ``SamplerSetupError`` for a loader that has none,
+    one that Lightning wrapped, or one whose batch size disagrees with its loader."""
+    combined = combined_train_loader(trainer)
+    if combined is None:
+        raise SamplerSetupError("SamplerCheckpoint found no train dataloader: it only works inside Trainer.fit")
+    _check_not_cycled(combined)
+    found = []
+    for index, loader in enumerate(combined.flattened):
+        samplers = _samplers_of(loader)
+        stateful = [s for s in samplers if isinstance(s, StatefulSampler)]
+        wrapped = [s for s in samplers if isinstance(s, DistributedSamplerWrapper)]
+        if wrapped:
+            inner = type(wrapped[0].dataset._sampler).__name__
+            raise SamplerSetupError(
+                f"train dataloader {index}: Lightning wrapped its {inner} in DistributedSamplerWrapper, which "
+                f"replays the whole order every epoch; give the DataLoader a StatefulSampler directly: "
+                f"DataLoader(ds, sampler=StatefulSampler(ds, batch_size=B), batch_size=B)"
+            )
+        if not stateful:
+            names = ", ".join(type(s).__name__ for s in samplers) or "no sampler"
+            raise SamplerSetupError(
+                f"train dataloader {index} ({type(loader).__name__} with {names}) has no StatefulSampler, so a "
+                f"resumed run would replay or skip batches: use "
+                f"DataLoader(ds, sampler=StatefulSampler(ds, batch_size=B), batch_size=B) instead of shuffle=True"
+            )
+        for sampler in stateful:
+            _check_batch_size(index, loader, sampler)
+        found.extend(stateful)
+    return found
+
+
+def _check_not_cycled(combined: CombinedLoader) -> None:
+    """``max_size_cycle`` (Lightning's default for several loaders) restarts a shorter loader in the
+    middle of an epoch, so its sampler's passes drift away from the epochs: there is no position
+    that a resumed run could continue from."""
+    limits = combined.limits or [float("inf")] * len(combined.flattened)
+    batches = [min(len(loader), limit) for loader, limit in zip(combined.flattened, limits)]
+    if combined._mode == "max_size_cycle" and len(set(batches)) > 1:
+        raise SamplerSetupError(
+            f"train dataloaders of {batches} batches an epoch: CombinedLoader mode 'max_size_cycle' (the default "
+            f"for several loaders) restarts the shorter ones mid-epoch, which no checkpoint can resume; give them "
+            f"equal lengths or return CombinedLoader(loaders, mode='max_size') or mode='min_size'"
+        )
+
+
+def _samplers_of(loader: Any) -> list[Any]:
+    """The distinct objects at ``loader.sampler`` and ``loader.batch_sampler.sampler``."""
+    candidates = [getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)]
+    distinct: dict[int, Any] = {id(c): c for c in candidates if c is not None}
+    return list(distinct.values())
+
+
+def _check_batch_size(index: int, loader: Any, sampler: StatefulSampler) -> None:
+    """The sampler counts consumed batches in its own batch size, so it must be the loader's."""
+    loader_batch = getattr(loader, "batch_size", None)
+    if loader_batch is None:
+        loader_batch = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    if sampler.batch_size is None:
+        hint = loader_batch if loader_batch is not None else "B"
+        raise SamplerSetupError(
+            f"train dataloader {index}: StatefulSampler needs batch_size to count the batches training consumed: "
+            f"StatefulSampler(..., batch_size={hint})"
+        )
+    if loader_batch is not None and loader_batch != sampler.batch_size:
+        raise SamplerSetupError(
+            f"train dataloader {index}: DataLoader batch_size={loader_batch} contradicts "
+            f"StatefulSampler batch_size={sampler.batch_size}; pass the same value to both"
+        )

@@ -1,0 +1,41 @@
+"""The training process the verify runner starts: the user's config under ``fit``, recorded.
+
+``python -m stateful_sampler.lightning.recorded_fit fit --config CONFIG.yaml ...`` is
+``LightningCLI`` plus a ``BatchRecorder`` (configured from the environment by the runner), with
+every ``ModelCheckpoint`` redirected into the run's own directory, so a verification never
+writes into the user's checkpoint folders and two runs never resume from each other's files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+
+from stateful_sampler.lightning.recorder import BatchRecorder
+
+
+class RecordedFitCLI(LightningCLI):
+    def before_fit(self) -> None:
+        checkpoints = [callback for callback in self.trainer.callbacks if isinstance(callback, ModelCheckpoint)]
+        if not any(callback._every_n_train_steps and callback.save_last for callback in checkpoints):
+            raise ValueError(
+                "trainer.callbacks: verify needs a step-based ModelCheckpoint that keeps last.ckpt, e.g. "
+                "{class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: "
+                "{every_n_train_steps: 20, save_last: true}}, so the killed run leaves a checkpoint to resume "
+                f"from; found {[repr(callback) for callback in checkpoints] or 'none'}"
+            )
+        for number, callback in enumerate(checkpoints):
+            callback.dirpath = str(Path(self.trainer.default_root_dir) / f"checkpoints-{number}")
+
+
+def main() -> None:
+    RecordedFitCLI(
+        trainer_defaults={"callbacks": [BatchRecorder.from_environment()]},
+        save_config_callback=None,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""One rank of a real 2-process DDP run (gloo, CPU), started by ``test_callback_ddp.py``.
+
+The test starts this script once per rank with ``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_PORT`` set,
+as torchrun would, so Lightning's ``strategy="ddp"`` joins them instead of launching its own
+processes, and one process group serves several fits. For each tail policy the rank runs the
+uninterrupted fit (saving checkpoints), then a fresh ``Trainer`` resumed from each checkpoint,
+and writes what it saw to ``OUT_DIR/<tail>_rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.lightning.lightning_harness import SaveAt, Setup, fit  # noqa: E402
+
+DDP = dict(strategy="ddp", devices=2)
+
+# N=21 on 2 ranks with batch 2: pad gives 11 slots a rank (6 steps, one padded slot an epoch),
+# drop 10 (5 steps, one record dropped an epoch). Carry takes whole global batches of 4 from
+# N=19: epochs of 4, 5 and 5 steps.
+CASES = {
+    "pad": (
+        Setup(size=21, batch_size=2, tail="pad", keys=True, max_epochs=2),
+        dict(after_batches=(4,), after_epochs=(0,)),
+    ),
+    "pad-workers2": (Setup(size=21, batch_size=2, tail="pad", num_workers=2, max_epochs=2), dict(after_batches=(4, 9))),
+    "drop": (Setup(size=21, batch_size=2, tail="drop", max_epochs=2), dict(after_batches=(7,))),
+    "carry": (Setup(size=19, batch_size=2, tail="carry", max_epochs=3), dict(after_batches=(7, 12), after_epochs=(0,))),
+}
+
+
+def main(out_dir: Path) -> None:
+    for tail, (setup, points) in CASES.items():
+        save = SaveAt(out_dir / tail, **points)
+        (out_dir / tail).mkdir(parents=True, exist_ok=True)
+        full = fit(setup, [save], **DDP)
+        trainer = full.trainer
+        loader = trainer.train_dataloader
+        sampler = loader.sampler
+        report = {
+            "rank": trainer.global_rank,
+            "world_size": trainer.world_size,
+            "loader_kept": loader is full.train_loaders[-1],
+            "sampler_type": type(sampler).__name__,
+            "sampler_replicas": [sampler.num_replicas, sampler.rank],
+            "record": full.record,
+            "padding": full.padding,
+            "epochs": full.epochs,
+            "dropped": [sampler.dropped_indices(epoch) for epoch in range(setup.max_epochs)],
+            "resumed": {name: fit(setup, ckpt_path=path, **DDP).record for name, path in sorted(save.saved.items())},
+        }
+        (out_dir / f"{tail}_rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

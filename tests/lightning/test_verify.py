@@ -1,0 +1,198 @@
+"""``stateful-sampler verify`` and ``assert_resume_equal``: pass on a correct setup, and on a broken
+one fail with the first divergent step; plus the comparison and fingerprint on their own."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from stateful_sampler.lightning.compare import compare_runs
+from stateful_sampler.lightning.fingerprint import batch_fingerprint, batch_indices
+from stateful_sampler.lightning.recorder import BatchRecord, RunRecord, read_run
+from stateful_sampler.lightning.verify import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
+from stateful_sampler.testing import assert_resume_equal
+from tests.lightning.verify_harness import digits_config, one_thread  # noqa: F401 - a fixture
+
+# digits_config: 2 epochs of 29 steps, a checkpoint every 10 steps; killed after 25, resumed from 20.
+KILL_AT, RESUMED_FROM, STEPS = 25, 20, 58
+
+
+@pytest.mark.slow
+def test_verify_passes_on_a_correct_setup(tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture) -> None:
+    config = digits_config(tmp_path)
+    assert main(["--config", str(config), "--kill-at", str(KILL_AT)]) == EXIT_EQUAL
+    out = capsys.readouterr().out
+    assert f"killed after step {KILL_AT}; resumed from the checkpoint at step {RESUMED_FROM}\n" in out
+    assert f"batches compared: {STEPS} ({STEPS} steps x 1 rank(s)), identical: {STEPS}\n" in out
+    assert "EQUAL: the killed and resumed run trained on exactly the batches" in out
+    assert "DIVERGED" not in out
+
+
+@pytest.mark.slow
+def test_verify_catches_a_run_without_sampler_checkpoint(
+    tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture
+) -> None:
+    # Without the callback the resumed sampler starts its epoch over while Lightning counts on from
+    # batch 20: the resumed run replays the first batches and never sees the rest of the epoch.
+    config = digits_config(tmp_path, sampler_checkpoint=False)
+    arguments = ["--config", str(config), "--kill-at", str(KILL_AT), "--work-dir", str(tmp_path / "work")]
+    assert main(arguments) == EXIT_DIVERGED
+    out = capsys.readouterr().out
+    first = f"DIVERGED: first divergence at step {RESUMED_FROM} (epoch 0, batch {RESUMED_FROM}), rank 0: "
+    assert first + "the resumed run trained on another batch than the uninterrupted run\n" in out
+    reference = read_run(tmp_path / "work" / "reference" / "reference").batches
+    assert f"  expected fingerprint {reference[RESUMED_FROM].fingerprint}, got {reference[0].fingerprint}\n" in out
+    assert f"  expected indices {reference[RESUMED_FROM].indices}\n" in out
+    assert f"  got indices      {reference[0].indices}\n" in out  # epoch 0's first batch again
+    assert "DIVERGED: final weight 'net.0.weight' differs" in out
+
+
+@pytest.mark.slow
+def test_assert_resume_equal_names_an_augmentation_divergence(tmp_path: Path, one_thread: None) -> None:
+    # Same indices, but the noise comes from worker RNG streams that a resume restarts.
+    config = digits_config(tmp_path, data_class="tests.lightning.verify_harness.UnseededDigitsDataModule")
+    with pytest.raises(AssertionError) as raised:
+        assert_resume_equal(config, kill_at=KILL_AT)
+    message = str(raised.value)
+    assert f"first divergence at step {RESUMED_FROM} (epoch 0, batch {RESUMED_FROM}), rank 0" in message
+    assert ": the augmentation differs" in message
+
+
+@pytest.mark.slow
+def test_verify_requires_a_step_based_last_checkpoint(
+    tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture
+) -> None:
+    config_path = digits_config(tmp_path)
+    config = yaml.safe_load(config_path.read_text())
+    config["trainer"]["callbacks"] = config["trainer"]["callbacks"][:1]  # SamplerCheckpoint only
+    config_path.write_text(yaml.safe_dump(config))
+    assert main(["--config", str(config_path)]) == EXIT_RUN_FAILED
+    out = capsys.readouterr().out
+    assert "verify could not complete: the reference run exited with code 1" in out
+    assert "verify needs a step-based ModelCheckpoint that keeps last.ckpt" in out
+
+
+def test_verify_names_a_missing_config(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--config", str(tmp_path / "nope.yaml")]) == EXIT_RUN_FAILED
+    assert f"config: no LightningCLI YAML config at '{tmp_path / 'nope.yaml'}'" in capsys.readouterr().out
+
+
+def test_verify_refuses_a_kill_step_below_one(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = digits_config(tmp_path)
+    assert main(["--config", str(config), "--kill-at", "0"]) == EXIT_RUN_FAILED
+    assert "kill_at must be at least 1, got 0" in capsys.readouterr().out
+
+
+def test_verify_refuses_a_work_dir_that_holds_a_verification(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = digits_config(tmp_path)
+    (tmp_path / "work" / "reference").mkdir(parents=True)
+    assert main(["--config", str(config), "--work-dir", str(tmp_path / "work")]) == EXIT_RUN_FAILED
+    assert f"work_dir: '{tmp_path / 'work'}' already holds a verification" in capsys.readouterr().out
+
+
+# -- the comparison, on hand-made records
+
+
+def _batch(step: int, fingerprint: str = "", rank: int = 0, indices: list[int] | None = None) -> BatchRecord:
+    return BatchRecord(rank, step // 4, step % 4, step, fingerprint or f"f{step}-{rank}", indices)
+
+
+def _run(steps: range, checkpoints: list[int], weight: float | None = 1.0) -> RunRecord:
+    weights = None if weight is None else {"w": torch.tensor([weight])}
+    return RunRecord([_batch(step) for step in steps], checkpoints, weights)
+
+
+REFERENCE = _run(range(8), [4, 8])
+
+
+def test_compare_accepts_a_prefix_plus_a_resume_that_replays_from_the_checkpoint() -> None:
+    report = compare_runs(REFERENCE, _run(range(6), [4], None), _run(range(4, 8), [8]), kill_at=6)
+    assert (report.equal, report.resumed_from, report.batches_compared, report.identical_batches) == (True, 4, 8, 8)
+
+
+def test_compare_reports_the_earliest_divergence_in_training_order() -> None:
+    resumed = _run(range(4, 8), [8])
+    resumed.batches[3] = _batch(7, "late")
+    resumed.batches[1] = _batch(5, "early", indices=[3, 1])
+    reference = replace(REFERENCE, batches=[*REFERENCE.batches[:5], _batch(5, indices=[1, 3]), *REFERENCE.batches[6:]])
+    report = compare_runs(reference, _run(range(5), [4], None), resumed, kill_at=5)
+    assert report.first_divergence == (
+        "step 5 (epoch 1, batch 1), rank 0: the resumed run trained on another batch than the uninterrupted run\n"
+        "  expected fingerprint f5-0, got early\n"
+        "  expected indices [1, 3]\n"
+        "  got indices      [3, 1]"
+    )
+    assert report.identical_batches == 6
+
+
+def test_compare_reports_batches_no_run_trained_on() -> None:
+    report = compare_runs(REFERENCE, _run(range(6), [4], None), _run(range(4, 7), [8]), kill_at=6)
+    assert report.first_divergence == (
+        "step 7 (epoch 1, batch 3), rank 0: neither the killed nor the resumed run trained on this batch"
+    )
+
+
+def test_compare_reports_a_resume_that_started_over() -> None:
+    report = compare_runs(REFERENCE, _run(range(6), [4], None), _run(range(8), [4, 8]), kill_at=6)
+    assert report.first_divergence == (
+        "the resumed run started at step 0, not at the last checkpoint (step 4): ckpt_path='last' did not find it"
+    )
+
+
+def test_compare_reports_a_run_killed_before_any_checkpoint() -> None:
+    report = compare_runs(REFERENCE, _run(range(3), [], None), _run(range(8), [4, 8]), kill_at=3)
+    assert report.first_divergence == (
+        "the killed run wrote no checkpoint before step 3: kill later or checkpoint more often"
+    )
+
+
+def test_compare_reports_weights_that_differ_in_the_last_bit() -> None:
+    nudged = float(torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)))
+    report = compare_runs(REFERENCE, _run(range(6), [4], None), _run(range(4, 8), [8], nudged), kill_at=6)
+    assert report.first_divergence is None
+    assert report.weight_divergence == "final weight 'w' differs: max |difference| 1.19e-07"
+    assert not report.equal
+
+
+# -- the fingerprint
+
+
+_values_and_order = st.lists(st.integers(-(10**6), 10**6), min_size=2, max_size=16, unique=True).flatmap(
+    lambda values: st.tuples(st.just(values), st.permutations(range(len(values))))
+)
+
+
+@given(_values_and_order)
+def test_fingerprint_changes_with_order_and_values(values_and_order: tuple[list[int], list[int]]) -> None:
+    values, shuffled = values_and_order
+    assume(shuffled != sorted(shuffled))
+    features = torch.tensor(values, dtype=torch.float32)
+    batch = [features, torch.arange(len(values))]
+    order = torch.tensor(shuffled)
+    assert batch_fingerprint(batch) == batch_fingerprint([features.clone(), torch.arange(len(values))])
+    assert batch_fingerprint(batch) != batch_fingerprint([features[order], batch[1][order]])
+    nudged = features.clone()
+    nudged[0] = torch.nextafter(nudged[0], torch.tensor(float("inf")))
+    assert batch_fingerprint(batch) != batch_fingerprint([nudged, batch[1]])
+
+
+def test_fingerprint_tells_dtypes_and_shapes_apart() -> None:
+    zeros = torch.zeros(4, dtype=torch.int32)
+    variants = [zeros, zeros.float(), zeros.reshape(2, 2), zeros.to(torch.int64), [zeros], (zeros,), {"x": zeros}]
+    assert len({batch_fingerprint(variant) for variant in variants}) == len(variants)
+
+
+def test_indices_come_from_a_collated_sample_key_anywhere_in_the_batch() -> None:
+    from stateful_sampler import SampleKey
+
+    keys = SampleKey(torch.tensor([5, 2]), torch.tensor([0, 0]), torch.tensor([0, 0]), torch.tensor([0, 1]),
+                     torch.tensor([False, False]))  # fmt: skip
+    assert batch_indices([(torch.zeros(2), torch.ones(2)), keys]) == [5, 2]
+    assert batch_indices({"image": torch.zeros(2), "key": keys}) == [5, 2]
+    assert batch_indices([torch.zeros(2), torch.ones(2)]) is None
