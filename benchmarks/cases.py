@@ -8,6 +8,7 @@ import pickle
 from collections import deque
 from collections.abc import Callable
 from itertools import islice
+from statistics import median
 from time import perf_counter
 from typing import Any
 
@@ -48,8 +49,9 @@ def _drain_new(build: Callable[[], Any]) -> None:
 
 
 def resume_ours(size: int, workers: int, repeats: int) -> Result:
-    """Resume at N/2, and beside it (interleaved, so load noise hits both alike) a fresh epoch:
-    with workers, their start-up is the floor either way."""
+    """Resume at N/2 and, beside it, a fresh epoch of the same loader: with workers, their
+    start-up is the floor either way. Run in adjacent pairs (alternating which goes first), so a
+    burst of machine load hits both sides of a pair; medians, and the median ratio of the pairs."""
     half = size // 2 // BATCH
     state = StatefulSampler(size, batch_size=BATCH).state_dict(consumed_batches=half)
 
@@ -59,11 +61,16 @@ def resume_ours(size: int, workers: int, repeats: int) -> Result:
             sampler.load_state_dict(saved)
         next(iter(DataLoader(TrivialDataset(size), batch_size=BATCH, sampler=sampler, num_workers=workers)))
 
-    best: dict[bool, float] = {True: float("inf"), False: float("inf")}
+    times: dict[bool, list[float]] = {True: [], False: []}
     for repeat in range(repeats):
-        for resume in (True, False) if repeat % 2 else (False, True):  # neither always goes first
-            best[resume] = min(best[resume], _timed(first_batch, state if resume else None))
-    return {"seconds": best[True], "fresh_epoch_seconds": best[False], "position": state["position"]}
+        for resume in (True, False) if repeat % 2 else (False, True):
+            times[resume].append(_timed(first_batch, state if resume else None))
+    return {
+        "seconds": median(times[True]),
+        "fresh_epoch_seconds": median(times[False]),
+        "paired_ratio": median(resumed / fresh for resumed, fresh in zip(times[True], times[False])),
+        "position": state["position"],
+    }
 
 
 def resume_torchdata(size: int, workers: int) -> Result:

@@ -84,14 +84,16 @@ rank = int(os.environ["RANK"])
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
 batch = BATCH // 2
 sampler = StatefulSampler(Augmented(), seed=SEED, batch_size=batch, yield_keys=True)  # ranks from the group
-loader = DataLoader(SeededDataset(Augmented()), sampler=sampler, batch_size=batch, num_workers=1)
+# Workers come from a forkserver: forking a rank whose gloo threads are running can hang the child.
+loader = DataLoader(SeededDataset(Augmented()), sampler=sampler, batch_size=batch, num_workers=1,
+                    multiprocessing_context="forkserver")
 rows = []
 for epoch in range(EPOCHS):
     sampler.set_epoch(epoch)
     rows += [row for step in loader for row in rows_of(step)]
 plain = StatefulSampler(Augmented(), seed=SEED, batch_size=batch)
 worker_loader = DataLoader(Augmented(), sampler=plain, batch_size=batch, num_workers=1,
-                           worker_init_fn=seed_worker(plain))
+                           worker_init_fn=seed_worker(plain), multiprocessing_context="forkserver")
 first = next(iter(worker_loader))[0].tolist()
 dist.barrier()
 dist.destroy_process_group()

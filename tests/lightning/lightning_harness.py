@@ -46,6 +46,7 @@ class Setup:
     keys: bool = False  # yield SampleKeys, to record which occurrences are padding
     num_workers: int = 0
     persistent_workers: bool = False
+    worker_start: str | None = None  # multiprocessing context of the workers; None: the platform's default
     drop_last: bool = False
     max_epochs: int = 3
     accumulate_grad_batches: int = 1
@@ -67,6 +68,7 @@ class Setup:
             drop_last=self.drop_last,
             num_workers=self.num_workers,
             persistent_workers=self.persistent_workers,
+            multiprocessing_context=self.worker_start,
         )
 
 

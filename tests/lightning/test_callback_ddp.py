@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -45,10 +46,16 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # a group of its own: on a hang, its DataLoader workers go too
         )
         for rank in range(RANKS)
     ]
-    outputs = [rank.communicate(timeout=600)[0] for rank in ranks]
+    try:
+        outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                os.killpg(rank.pid, signal.SIGKILL)
     for rank, output in zip(ranks, outputs):
         assert rank.returncode == 0, output[-4000:]
     return {tail: [json.loads((out / f"{tail}_rank{r}.json").read_text()) for r in range(RANKS)] for tail in CASES}
