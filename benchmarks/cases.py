@@ -18,6 +18,9 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Rando
 
 from benchmarks.workloads import (
     BATCH,
+    OURS,
+    PLAIN_LOADER,
+    STATEFUL_LOADER,
     SkippedBatches,
     TrivialDataset,
     check_torchdata_state_at,
@@ -133,7 +136,7 @@ def order_feistel_blocks(size: int) -> Result:
 # -- sampler throughput, all systems interleaved in one process so load noise hits them alike
 
 THROUGHPUT_SYSTEMS: dict[str, Callable[[int], Any]] = {
-    "ours": lambda size: StatefulSampler(size),
+    OURS: lambda size: StatefulSampler(size),
     "RandomSampler": lambda size: RandomSampler(TrivialDataset(size), generator=torch.Generator().manual_seed(0)),
     "DistributedSampler": lambda size: DistributedSampler(TrivialDataset(size), num_replicas=1, rank=0),
 }
@@ -158,20 +161,27 @@ def _loaders(size: int, workers: int) -> dict[str, Callable[[], Any]]:
 
     dataset = TrivialDataset(size)
     return {
-        "ours": lambda: DataLoader(dataset, batch_size=BATCH, sampler=StatefulSampler(size), num_workers=workers),
-        "DataLoader(shuffle=True)": lambda: DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers),
-        "StatefulDataLoader": lambda: StatefulDataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers),
+        OURS: lambda: DataLoader(dataset, batch_size=BATCH, sampler=StatefulSampler(size), num_workers=workers),
+        PLAIN_LOADER: lambda: DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers),
+        STATEFUL_LOADER: lambda: StatefulDataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers),
     }
 
 
 def loader_overhead(size: int, workers: int, repeats: int) -> Result:
-    loaders = _loaders(size, workers)
+    """Medians per system, and per round the ratio of ours to each anchor (the systems of a round
+    run back to back, in an order that rotates, so a burst of load hits them alike)."""
+    loaders = list(_loaders(size, workers).items())
     batches = -(-size // BATCH)
-    best = {name: float("inf") for name in loaders}
-    for _ in range(repeats):
-        for name, build in loaders.items():
-            best[name] = min(best[name], _timed(_drain_new, build))
-    return {"seconds_per_batch": {name: seconds / batches for name, seconds in best.items()}}
+    rounds: list[dict[str, float]] = []
+    for repeat in range(repeats):
+        rotated = loaders[repeat % len(loaders) :] + loaders[: repeat % len(loaders)]
+        rounds.append({name: _timed(_drain_new, build) / batches for name, build in rotated})
+    return {
+        "seconds_per_batch": {name: median(times[name] for times in rounds) for name, _ in loaders},
+        "ours_over": {
+            name: median(times[OURS] / times[name] for times in rounds) for name, _ in loaders if name != OURS
+        },
+    }
 
 
 # -- state size

@@ -10,6 +10,9 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, RandomSampler
 
 BATCH = 256
+OURS = "ours"  # system names, shared by the cases and the report
+PLAIN_LOADER = "DataLoader(shuffle=True)"
+STATEFUL_LOADER = "StatefulDataLoader"
 
 
 class TrivialDataset(Dataset):
