@@ -12,7 +12,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader
 
 from stateful_sampler import StatefulSampler
 from tests.helpers import json_round_trip, make_ranks, run_epochs

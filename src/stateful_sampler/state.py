@@ -78,7 +78,7 @@ class SamplerState:
                     "carry_start", self.carry_start, f"at most epoch * size = {self.epoch * self.size}"
                 )
         elif self.carry_start != 0:
-            raise IncompatibleStateError("carry_start", self.carry_start, 0, f"only tail 'carry' uses it")
+            raise IncompatibleStateError("carry_start", self.carry_start, 0, "only tail 'carry' uses it")
         length = self.layout().length
         if self.position > length:
             raise IncompatibleStateError("position", self.position, f"at most {length}", "beyond the end of the epoch")

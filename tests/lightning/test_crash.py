@@ -17,7 +17,7 @@ import torch
 
 from stateful_sampler.lightning.recorder import BatchRecord, RunRecord
 from stateful_sampler.lightning.runner import RunSettings, run_and_kill, run_training
-from tests.lightning.verify_harness import digits_config, one_thread  # noqa: F401 - a fixture
+from tests.lightning.verify_harness import digits_config
 
 pytestmark = pytest.mark.slow
 

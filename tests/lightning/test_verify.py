@@ -17,7 +17,7 @@ from stateful_sampler.lightning.fingerprint import batch_fingerprint, batch_indi
 from stateful_sampler.lightning.recorder import BatchRecord, RunRecord, read_run
 from stateful_sampler.lightning.verify import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
 from stateful_sampler.testing import assert_resume_equal
-from tests.lightning.verify_harness import digits_config, one_thread  # noqa: F401 - a fixture
+from tests.lightning.verify_harness import digits_config
 
 # digits_config: 2 epochs of 29 steps, a checkpoint every 10 steps; killed after 25, resumed from 20.
 KILL_AT, RESUMED_FROM, STEPS = 25, 20, 58

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import pytest
 import yaml
 
 from stateful_sampler import KeyedDataset
@@ -44,14 +43,6 @@ def digits_config(
     path = directory / name
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-@pytest.fixture(scope="module")
-def one_thread() -> Iterator[None]:
-    """Training subprocesses of a 2.4K-parameter model run faster on one thread than two fighting."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        yield
 
 
 class UnseededDigitsDataModule(DigitsDataModule):
