@@ -127,3 +127,30 @@ def test_state_is_small_json_whatever_the_size(
     StatefulSampler(size, seed=seed, num_replicas=world_size, rank=0, tail=tail, batch_size=batch_size).load_state_dict(
         json.loads(encoded)
     )
+
+
+VALID = saved_state()
+WRONG_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@given(field=st.sampled_from(sorted(VALID)), value=WRONG_VALUES, drop=st.booleans())
+def test_any_corrupted_field_is_refused_by_name_and_loses_nothing(field: str, value: Any, drop: bool) -> None:
+    """A state with one field removed or replaced either still describes this sampler's order (the
+    value happened to be valid, e.g. another world size) or is refused naming that field."""
+    state = {k: v for k, v in VALID.items() if k != field} if drop else {**VALID, field: value}
+    sampler = StatefulSampler(100, seed=3, batch_size=4)
+    sampler.set_epoch(1)
+    before = sampler.state_dict()
+    try:
+        sampler.load_state_dict(state)
+    except IncompatibleStateError as error:
+        assert error.field == field
+        assert sampler.state_dict() == before
+        assert list(sampler) == sampler.indices(1).tolist()
+    else:
+        assert not drop
+        assert field in ("world_size", "batch_size", "epoch", "position") or state[field] == VALID[field]
+        assert sampler.state_dict(consumed_batches=0)["epoch"] == state["epoch"]

@@ -310,7 +310,7 @@ class StatefulSampler(DistributedSampler):
         that saved it; another dataset size, seed, shuffle, tail or order raises
         ``IncompatibleStateError`` and leaves this sampler as it was."""
         saved = SamplerState.from_dict(state)
-        saved.check_identity(self._state(self._cursor))
+        saved.check_continues(self._state(self._cursor))
         self._commit(_Cursor(saved.epoch, saved.position, saved.carry_start))
 
 

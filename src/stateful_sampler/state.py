@@ -58,9 +58,7 @@ class SamplerState:
         if data["world_size"] < 1 or (data["batch_size"] is not None and data["batch_size"] < 1):
             bad = "world_size" if data["world_size"] < 1 else "batch_size"
             raise IncompatibleStateError(bad, data[bad], "a positive int")
-        state = cls(**data)
-        state._check_cursor()
-        return state
+        return cls(**data)
 
     def global_batch(self) -> int:
         return (self.batch_size or 1) * self.world_size
@@ -70,6 +68,15 @@ class SamplerState:
         return EpochLayout.build(
             Tail(self.tail), self.size, self.world_size, self.epoch, self.global_batch(), self.carry_start
         )
+
+    def check_continues(self, current: SamplerState) -> None:
+        """Refuse a state that cannot continue ``current``'s order: first one of another order (so
+        the error names the field that differs, e.g. a changed size), then an inconsistent cursor."""
+        for name in IDENTITY_FIELDS:
+            saved, mine = getattr(self, name), getattr(current, name)
+            if saved != mine:
+                raise IncompatibleStateError(name, saved, mine, "the state belongs to another order")
+        self._check_cursor()
 
     def _check_cursor(self) -> None:
         if self.tail == Tail.CARRY.value:
@@ -82,13 +89,6 @@ class SamplerState:
         length = self.layout().length
         if self.position > length:
             raise IncompatibleStateError("position", self.position, f"at most {length}", "beyond the end of the epoch")
-
-    def check_identity(self, current: SamplerState) -> None:
-        """Refuse a state that belongs to another order than ``current``'s."""
-        for name in IDENTITY_FIELDS:
-            saved, mine = getattr(self, name), getattr(current, name)
-            if saved != mine:
-                raise IncompatibleStateError(name, saved, mine, "the state belongs to another order")
 
 
 _TYPE_NAMES = {
