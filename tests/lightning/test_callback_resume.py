@@ -243,3 +243,21 @@ def test_any_checkpoint_of_any_policy_resumes_exactly(
         uninterrupted = fit(setup, [save]).record
         name = data.draw(st.sampled_from(sorted(save.saved)), label="checkpoint")
         assert resumed_record(setup, save.saved[name]) == uninterrupted
+
+
+@pytest.mark.parametrize("callback", [True, False])
+def test_lightnings_not_resumable_warning_is_silenced_only_when_the_samplers_carry_the_position(
+    callback: bool, tmp_path: Path
+) -> None:
+    import warnings
+
+    setup = Setup(callback=callback)
+    save = SaveAt(tmp_path, after_batches=(3,))
+    fit(setup, [save])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(setup, ckpt_path=save.saved["batch3"])
+        after_fit = list(warnings.filters)
+    not_resumable = [w for w in caught if "dataloader is not resumable" in str(w.message)]
+    assert len(not_resumable) == (0 if callback else 1)
+    assert after_fit[0][0] == "always"  # the callback took its filter away when the fit ended

@@ -10,10 +10,12 @@ the first pass of a train sampler starts (``add_pass_start_hook``) or, with no w
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.lightning.epoch_length import (
@@ -33,6 +35,9 @@ from stateful_sampler.order.layout import Tail
 from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
 
 CALLBACK_STATE_VERSION = 1
+# Lightning warns on every mid-epoch resume whose loader has no state_dict; with our state loaded
+# the samplers carry the position, so the warning is wrong for this fit (and only for this fit).
+_NOT_RESUMABLE_WARNING = r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is"
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class SamplerCheckpoint(Callback):
 
     def __init__(self) -> None:
         self._remove_hook: Callable[[], None] | None = None
+        self._warning_filter: tuple[Any, ...] | None = None
         self._forget_the_run()
 
     def _forget_the_run(self) -> None:
@@ -118,6 +124,9 @@ class SamplerCheckpoint(Callback):
         if self._remove_hook is not None:
             self._remove_hook()
         self._remove_hook = None
+        if self._warning_filter in warnings.filters:
+            warnings.filters.remove(self._warning_filter)
+        self._warning_filter = None
         self._forget_the_run()
 
     # -- checkpoint
@@ -142,6 +151,9 @@ class SamplerCheckpoint(Callback):
         """Runs before the train loader exists: keep the state for the samplers' first pass."""
         self._pending = _SavedPosition.from_dict(state_dict)
         self._loaded = True
+        if self._warning_filter is None:
+            warnings.filterwarnings("ignore", message=_NOT_RESUMABLE_WARNING, category=PossibleUserWarning)
+            self._warning_filter = warnings.filters[0]
 
     # -- restoring, at the first of: a train sampler's pass start, on_train_start
 
