@@ -112,6 +112,8 @@ def test_carry_remainder_rolls_into_the_next_epoch_in_order() -> None:
         sampler.set_epoch(epoch)
         assert (len(sampler), list(sampler)) == (len(records), records)
     assert [sampler.layout(e).stream_start for e in range(5)] == [0, 8, 20, 28, 40]
+    assert [sampler.unused_indices(e) for e in range(3)] == [passes[0][8:], [], passes[2][8:]]
+    assert sampler.dropped_indices(0) == []  # rolled over, not dropped
 
 
 def test_shuffle_false_is_the_identity() -> None:

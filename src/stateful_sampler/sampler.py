@@ -244,10 +244,12 @@ class StatefulSampler(DistributedSampler):
 
     def dropped_indices(self, epoch: int | None = None) -> list[int]:
         """Records that ``tail='drop'`` leaves out of an epoch (default: the current one)."""
-        layout = self.layout(epoch)
-        if self.tail is not Tail.DROP:
-            return []
-        unused = layout.unused_stream()
+        return self.unused_indices(epoch) if self.tail is Tail.DROP else []
+
+    def unused_indices(self, epoch: int | None = None) -> list[int]:
+        """Records of an epoch's own permutation that the epoch does not take: cut for good under
+        ``drop``, rolled over into the next epoch under ``carry``, none otherwise."""
+        unused = self.layout(epoch).unused_stream()
         return self._records(np.arange(unused.start, unused.stop, dtype=np.int64)).tolist()
 
     def layout(self, epoch: int | None = None) -> EpochLayout:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from stateful_sampler.order.layout import Tail
-from stateful_sampler.orders import StreamRecords
 from stateful_sampler.sampler import StatefulSampler
 
 
@@ -79,10 +78,5 @@ def _rank_feed(sampler: StatefulSampler, epoch: int, batch_size: int, drop_last:
 
 
 def _carried_over(sampler: StatefulSampler, epoch: int) -> tuple[int, ...]:
-    """Under ``carry``: the records of this and earlier passes that the epoch leaves to later ones."""
-    if sampler.tail is not Tail.CARRY:
-        return ()
-    layout = sampler.layout(epoch)
-    pending = np.arange(layout.stream_start + layout.length, (epoch + 1) * sampler.size, dtype=np.int64)
-    records = StreamRecords(sampler.order, sampler.shuffle, sampler.seed, sampler.size)(pending)
-    return tuple(sorted(records.tolist()))
+    """Under ``carry``: the records of the epoch's pass that it leaves to the next epoch."""
+    return tuple(sorted(sampler.unused_indices(epoch))) if sampler.tail is Tail.CARRY else ()
