@@ -201,10 +201,66 @@ def state_size(full: bool, run: RunCase, figures: Figures) -> None:
     figures.checks.append(Check("state ≤ 512 B as JSON at any N", f"{largest} B", largest <= 512))
 
 
+def stream_shards(full: bool, run: RunCase, figures: Figures) -> None:
+    """ShardedStream: quality against memory, IO per record, resume. Counted, not timed, so it
+    runs in this process (``python -m benchmarks.cases_stream --plot FILE`` draws the plot)."""
+    from benchmarks import cases_stream
+
+    windows = list(cases_stream.WINDOWS) if full else [1, 4, 16, 64, 256]
+    quality = cases_stream.stream_quality(windows, epochs=4 if full else 2)
+    for metric, figure in (
+        ("first_tv", "stream: class TV distance of the first 10 batches, shards sorted by class (0 perfect)"),
+        ("same_class_mates", "stream: P(two batch-mates share a class), ideal 0.10"),
+    ):
+        for row in quality["rows"]:
+            case = f"k={row['window']} of 256 shards, {row['memory']} records held"
+            figures.rows.append(Row(figure, case, "ours: window shuffle", row["window_shuffle"][metric], ""))
+            figures.rows.append(Row(figure, case, "buffer shuffle, same memory", row["buffer_shuffle"][metric], ""))
+    io = cases_stream.stream_io([1, 2, 4, 8], window=4, row_group=16)
+    figure = "stream: parquet IO per record delivered, 64 shards, k=4, row groups of 16"
+    for readers, result in io["per_readers"].items():
+        case = f"{readers} reader(s) (ranks x workers)"
+        figures.rows.append(Row(figure, case, "ours: rows read per record", result["rows_read_per_record"], "rows"))
+        figures.rows.append(Row(figure, case, "ours: shards opened per epoch", result["shards_opened_per_epoch"], ""))
+        figures.rows.append(Row(figure, case, "ours: bytes read per record", result["bytes_read_per_record"], "B"))
+        opened = result["shards_opened_per_epoch"]
+        target = f"stream, {case}: each reader opens each shard once an epoch"
+        figures.checks.append(Check(target, f"{opened} opens", opened == 64 * int(readers)))
+    resume = cases_stream.stream_resume(10**9, 10**4, 8)
+    figure = "stream: resume, load_state_dict at mid-epoch + the first batch located"
+    figures.rows.append(Row(figure, "10^9 records in 10^4 shards, k=8", "ours", resume["seconds"] * 1e3, "ms"))
+    figures.checks.append(
+        Check("stream state ≤ 512 B as JSON", f"{resume['state_json_bytes']} B", resume["state_json_bytes"] <= 512)
+    )
+    seconds = resume["seconds"]
+    figures.checks.append(Check("stream resume ≤ 10 ms at 10^4 shards", f"{seconds * 1e3:.2f} ms", seconds <= 0.010))
+
+
+def seeding_overhead(full: bool, run: RunCase, figures: Figures) -> None:
+    """Issue 14: what per-sample seeding adds to a sample, fetched in DataLoader batches and one at a time."""
+    from benchmarks import cases_seeding as seeding
+
+    figure = "per-sample seeding: µs a sample (best round), dataset side of a DataLoader fetch (cheap sample)"
+    for batch in (64, None):
+        case = "batches of 64" if batch else "one dataset[key] at a time"
+        result = seeding.per_sample_overhead_fresh(batch, 9 if full else 5)
+        for system, micros in result["us_per_sample"].items():
+            added, typical = result["us_over_keyed"].get(system), result["us_per_sample_median"][system]
+            note = f"median {typical:.3g} µs" + ("" if added is None else f"; adds {added:.2f} µs to KeyedDataset")
+            figures.rows.append(Row(figure, case, system, micros, "µs/sample", note=note))
+        if batch:
+            for system, limit in ((seeding.SEEDED, 10), (seeding.GENERATORS, 3)):
+                added = result["us_over_keyed"][system]
+                target = f"{case}: {system} adds ≤ {limit} µs a sample"
+                figures.checks.append(Check(target, f"{added:.2f} µs", added <= limit))
+
+
 FIGURES: dict[str, Callable[[bool, RunCase, Figures], None]] = {
     "resume": resume_latency,
     "memory": epoch_order,
     "throughput": sampler_throughput,
     "loader": loader_overhead,
     "state": state_size,
+    "stream": stream_shards,
+    "seeding": seeding_overhead,
 }

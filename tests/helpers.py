@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from stateful_sampler import StatefulSampler
@@ -24,3 +29,30 @@ def run_epochs(samplers: list[StatefulSampler], epochs: range) -> list[list[list
 
 def json_round_trip(state: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(state))
+
+
+def run_ranks(command: list[str], world_size: int, cwd: Path, timeout: float, rank_variable: str = "RANK",
+              env: dict[str, str] | None = None) -> None:  # fmt: skip
+    """Start ``world_size`` real processes of a gloo group on this machine and wait for them all.
+
+    Each gets a process group of its own, so a rank left waiting in a collective (unequal step
+    counts) is killed with its DataLoader workers when ``timeout`` passes, and the test fails
+    with every rank's output instead of hanging CI."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    shared = {**os.environ, "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+              "OMP_NUM_THREADS": "1", **(env or {})}  # fmt: skip
+    ranks = [
+        subprocess.Popen(command, env={**shared, rank_variable: str(rank)}, cwd=cwd, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        for rank in range(world_size)
+    ]  # fmt: skip
+    try:
+        outputs = [rank.communicate(timeout=timeout)[0] for rank in ranks]
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                os.killpg(rank.pid, signal.SIGKILL)
+    for rank, output in zip(ranks, outputs):
+        assert rank.returncode == 0, output[-4000:]

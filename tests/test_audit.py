@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -161,10 +162,10 @@ def test_a_loader_batch_that_differs_from_the_sampler_batch_is_warned():
     assert any("differs from the loader's batch_size=4" in warning for warning in audit(sampler, batch_size=4).warnings)
 
 
-def test_carry_without_the_sampler_batch_size_is_warned():
-    report = audit(StatefulSampler(10, tail="carry"), batch_size=4)
-    assert any("the sampler's batch_size=None differs from the loader's batch_size=4" in w for w in report.warnings)
-    assert report.epochs[0].ranks[0].last_batch_size == 2  # carry kept whole rounds of 1 rank, not whole batches
+def test_carry_with_another_sampler_batch_size_is_warned():
+    report = audit(StatefulSampler(10, tail="carry", batch_size=3), batch_size=4)
+    assert any("the sampler's batch_size=3 differs from the loader's batch_size=4" in w for w in report.warnings)
+    assert report.epochs[0].ranks[0].last_batch_size == 1  # carry kept whole batches of 3, not of 4
 
 
 def test_the_report_is_json_ready():
@@ -181,7 +182,7 @@ def test_a_dict_of_config_fields_is_accepted():
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"batch_size": 0}, ValueError, "batch_size must be at least 1, got 0"),
+        ({"batch_size": 0}, ValueError, "batch_size must be at least 1 and at most 1073741824, got 0"),
         ({"batch_size": "3"}, TypeError, "batch_size must be an int"),
         ({"batch_size": None}, ValueError, "batch_size is required"),
         ({"epochs": 0}, ValueError, "epochs must be at least 1, got 0"),
@@ -204,7 +205,7 @@ def test_more_ranks_than_records_under_drop_is_refused():
 @pytest.mark.parametrize(
     ("config", "error", "message"),
     [
-        (AuditConfig(size=10, world_size=0), ValueError, "world_size must be at least 1, got 0"),
+        (AuditConfig(size=10, world_size=0), ValueError, "world_size must be at least 1 and at most 65536, got 0"),
         (AuditConfig(size=10, tail="wrap"), ValueError, r"tail must be one of \['pad', 'drop', 'uneven', 'carry'\]"),
         (AuditConfig(size=-1), ValueError, "data_source"),
         ([1, 2, 3], TypeError, "sampler_or_config must be a StatefulSampler, an AuditConfig"),
@@ -218,3 +219,54 @@ def test_bad_configurations_are_named(config, error, message):
 def test_too_many_occurrences_are_refused_rather_than_estimated():
     with pytest.raises(ValueError, match=r"size=20000000 over epochs=6 is 120000000 occurrences, more than the 100000000"):
         audit(AuditConfig(size=20_000_000), batch_size=64, epochs=6)
+
+
+# -- the audit's work is bounded (issue 9, item 8): refused before any work, naming the limit
+
+
+def test_a_million_ranks_are_refused_naming_world_size_and_the_limit():
+    with pytest.raises(ValueError, match=r"^world_size must be at least 1 and at most 65536, got 1000000$"):
+        audit(AuditConfig(size=10, world_size=10**6), batch_size=1)
+
+
+def test_a_live_sampler_on_a_million_ranks_is_refused_naming_the_limit():
+    message = r"^world_size \(the sampler's num_replicas\) must be at least 1 and at most 65536, got 1000000$"
+    with pytest.raises(ValueError, match=message):
+        audit(StatefulSampler(10, num_replicas=10**6, rank=0), batch_size=1)
+
+
+@pytest.mark.parametrize(("size", "world_size", "epochs"), [(10, 4096, 17), (1, 1, 65537), (0, 1, 10**9)])
+def test_more_rank_epochs_than_the_limit_are_refused_naming_epochs_and_world_size(size, world_size, epochs):
+    # (0, 1, 10**9): no record, so no occurrence limit, yet a billion epochs would run for days.
+    message = (
+        f"epochs={epochs} on world_size={world_size} ranks is {epochs * world_size} rank-epochs, more than the 65536 "
+        "the audit computes per call: audit fewer epochs per call (start_epoch picks them)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        audit(AuditConfig(size=size, world_size=world_size), batch_size=1, epochs=epochs)
+
+
+def test_the_rank_epoch_limit_admits_exactly_its_count(monkeypatch):
+    monkeypatch.setattr("stateful_sampler.audit.setup.MAX_RANK_EPOCHS", 6)
+    assert len(audit(AuditConfig(size=10, world_size=3), batch_size=2, epochs=2).epochs) == 2
+    with pytest.raises(ValueError, match=r"^epochs=3 on world_size=3 ranks is 9 rank-epochs, more than the 6 "):
+        audit(AuditConfig(size=10, world_size=3), batch_size=2, epochs=3)
+    with pytest.raises(ValueError, match=r"^world_size must be at least 1 and at most 6, got 7$"):
+        audit(AuditConfig(size=10, world_size=7), batch_size=2)
+
+
+def test_an_epoch_whose_stream_positions_leave_int64_is_refused_naming_start_epoch():
+    last = ((1 << 63) - 1 - 10 - 3) // 10  # the last epoch e with e * N + N + W below 2**63
+    assert audit(AuditConfig(size=10, world_size=3), batch_size=2, start_epoch=last).epochs[0].occurrences == 12
+    message = (
+        f"start_epoch={last} with epochs=2 reaches epoch {last + 1}, past the last epoch {last} whose stream "
+        "positions (epoch * size) fit in int64 for size=10"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        audit(AuditConfig(size=10, world_size=3), batch_size=2, start_epoch=last, epochs=2)
+
+
+def test_a_loader_batch_size_beyond_int64_is_refused_naming_batch_size():
+    message = r"^batch_size must be at least 1 and at most 9223372036854775807, got 9223372036854775808$"
+    with pytest.raises(ValueError, match=message):
+        audit(StatefulSampler(10), batch_size=1 << 63)

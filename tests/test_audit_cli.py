@@ -83,9 +83,10 @@ def test_more_ranks_than_records_under_drop_exits_non_zero_with_the_message():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--size", "10", "--batch-size", "0"], "batch_size must be at least 1, got 0"),
+        (["--size", "10", "--batch-size", "0"], "batch_size must be at least 1"),  # the limit is the sampler's
         (["--batch-size", "4"], "--size is required (or --config CONFIG.yaml)"),
-        (["--size", "10", "--world-size", "0", "--batch-size", "1"], "world_size must be at least 1, got 0"),
+        (["--size", "10", "--world-size", "0", "--batch-size", "1"],
+         "world_size must be at least 1 and at most 65536, got 0"),
         (["--size", "10", "--batch-size", "2", "--epochs", "0"], "epochs must be at least 1, got 0"),
         (["--size", "10", "--batch-size", "2", "--num-workers", "-1"], "num_workers must be at least 0, got -1"),
         (["--size", "10", "--batch-size", "2", "--config", "missing.yaml"], "--size cannot be combined with --config"),
@@ -95,6 +96,20 @@ def test_bad_input_returns_non_zero_with_the_message(args, message, capsys):
     assert main(args) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"stateful-sampler audit: error: {message}")
+
+
+def test_a_million_ranks_exit_2_naming_world_size_and_the_limit(capsys):
+    assert main(["--size", "10", "--batch-size", "1", "--world-size", str(10**6)]) == 2
+    message = "stateful-sampler audit: error: world_size must be at least 1 and at most 65536, got 1000000\n"
+    assert capsys.readouterr() == ("", message)
+
+
+def test_epochs_beyond_the_rank_epoch_limit_exit_2_naming_the_limit(capsys):
+    assert main(["--size", "0", "--batch-size", "1", "--epochs", str(10**9)]) == 2
+    assert capsys.readouterr() == ("", (
+        "stateful-sampler audit: error: epochs=1000000000 on world_size=1 ranks is 1000000000 rank-epochs, more than "
+        "the 65536 the audit computes per call: audit fewer epochs per call (start_epoch picks them)\n"
+    ))
 
 
 def test_an_unknown_tail_is_refused_by_the_parser(capsys):
@@ -153,3 +168,46 @@ def test_config_audits_the_train_loader_of_a_lightning_cli_config(tmp_path):
     clash = run_cli("--config", str(config), "--size", "5", cwd=tmp_path)
     assert clash.returncode == 2
     assert clash.stderr == "stateful-sampler audit: error: --size cannot be combined with --config: the config defines the sampler\n"
+
+
+# -- a config that cannot be audited: exit 2 and a message, never a traceback (issue 9, item 10)
+
+
+def _config_error(tmp_path: Path, capsys, text: str, *arguments: str) -> tuple[Path, str]:
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    assert main(["--config", str(config), *arguments]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    return config, err.splitlines()[-1]
+
+
+def test_a_config_that_is_not_yaml_exits_2_naming_the_problem(tmp_path, capsys):
+    config, message = _config_error(tmp_path, capsys, "trainer: [unclosed\n  logger: false\n")
+    assert message == (
+        f"stateful-sampler audit: error: config: '{config}' is not valid YAML: expected ',' or ']', but got ':' "
+        "at line 2, column 9"
+    )
+
+
+def test_a_config_without_a_model_exits_2_naming_the_missing_key(tmp_path, capsys):
+    without_model = CONFIG.replace("model:\n  class_path: tests.test_audit_cli.TinyModel\n", "")
+    config, message = _config_error(tmp_path, capsys, without_model)
+    assert message == f"stateful-sampler audit: error: config '{config}': the following arguments are required: model"
+
+
+def test_a_config_naming_a_missing_class_exits_2_with_one_line(tmp_path, capsys):
+    config, message = _config_error(tmp_path, capsys, CONFIG.replace("TinyModel", "NoSuchModel"))
+    assert message == (
+        f"stateful-sampler audit: error: config '{config}': model: class_path 'tests.test_audit_cli.NoSuchModel' "
+        "cannot be used: module 'tests.test_audit_cli' has no attribute 'NoSuchModel'"
+    )
+
+
+def test_a_start_epoch_of_10_to_the_20_exits_2_naming_the_last_epoch(tmp_path, capsys):
+    _, message = _config_error(tmp_path, capsys, CONFIG, "--start-epoch", str(10**20))
+    last = ((1 << 63) - 1 - 9 - 1) // 9  # the config's 9 records on 1 rank
+    assert message == (
+        f"stateful-sampler audit: error: start_epoch={10**20} with epochs=1 reaches epoch {10**20}, past the last "
+        f"epoch {last} whose stream positions (epoch * size) fit in int64 for size=9"
+    )

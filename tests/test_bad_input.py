@@ -27,11 +27,11 @@ from stateful_sampler import IncompatibleStateError, StatefulSampler
         (dict(data_source=10, seed=2**63), ValueError, "seed must be at least 0 and at most 9223372036854775807, got 9223372036854775808"),
         (dict(data_source=10, seed=True), TypeError, "seed must be an int, got bool True"),
         (dict(data_source=10, rank=3, num_replicas=3), ValueError, "rank must lie in [0, num_replicas) = [0, 3), got 3"),
-        (dict(data_source=10, rank=-1, num_replicas=3), ValueError, "rank must be at least 0, got -1"),
-        (dict(data_source=10, num_replicas=0), ValueError, "num_replicas must be at least 1, got 0"),
+        (dict(data_source=10, rank=-1, num_replicas=3), ValueError, "rank must be at least 0 and at most 1073741823, got -1"),
+        (dict(data_source=10, num_replicas=0), ValueError, "num_replicas must be at least 1 and at most 1073741824, got 0"),
         (dict(data_source=10, tail="wrap"), ValueError, "tail must be one of ['pad', 'drop', 'uneven', 'carry'], got 'wrap'"),
         (dict(data_source=10, order="random"), ValueError, "order must be one of ['fast', 'torch'], got 'random'"),
-        (dict(data_source=10, batch_size=0), ValueError, "batch_size must be at least 1, got 0"),
+        (dict(data_source=10, batch_size=0), ValueError, "batch_size must be at least 1 and at most 1073741824, got 0"),
         (dict(data_source=10, shuffle=1), TypeError, "shuffle must be a bool, got int 1"),
         (dict(data_source=2, num_replicas=3, rank=0, tail="drop"), ValueError, "tail='drop' with 2 records on num_replicas=3"),
     ],
@@ -44,7 +44,7 @@ def test_constructor_errors_name_the_argument(kwargs: dict[str, Any], error: typ
 
 def test_set_epoch_and_consumed_batches_are_checked() -> None:
     sampler = StatefulSampler(10)
-    with pytest.raises(ValueError, match=re.escape("epoch must be at least 0, got -2")):
+    with pytest.raises(ValueError, match=re.escape("epoch must be at least 0 and at most 4611686018427387903, got -2")):
         sampler.set_epoch(-2)
     with pytest.raises(TypeError, match=re.escape("epoch must be an int, got str '1'")):
         sampler.set_epoch("1")  # type: ignore[arg-type]
@@ -68,18 +68,18 @@ def saved_state(**overrides: Any) -> dict[str, Any]:
         (saved_state(shuffle=False), "shuffle", False, True),
         (saved_state(tail="drop"), "tail", "drop", "pad"),
         (saved_state(order="torch"), "order", "torch", "fast"),
-        (saved_state(version=2), "version", 2, 1),
-        (saved_state(position=101), "position", 101, "at most 100"),
-        (saved_state(position=-1), "position", -1, "a non-negative int"),
+        (saved_state(version=3), "version", 3, 2),
+        (saved_state(position=101), "position", 101, "at most epoch_end = 100"),
+        (saved_state(position=-1), "position", -1, "an int in [0, 9223372036854775807]"),
         (saved_state(epoch="1"), "epoch", "1", "int"),
         (saved_state(position=8.0), "position", 8.0, "int"),
         (saved_state(shuffle=1), "shuffle", 1, "bool"),
-        (saved_state(world_size=0), "world_size", 0, "a positive int"),
+        (saved_state(world_size=0), "world_size", 0, "an int in [1, 1073741824]"),
         (saved_state(carry_start=5), "carry_start", 5, 0),
         (saved_state(tail="spiral"), "tail", "spiral", ["pad", "drop", "uneven", "carry"]),
         (saved_state(extra=1), "extra", 1, "<absent>"),
         ({k: v for k, v in saved_state().items() if k != "epoch"}, "epoch", "<missing>", "int"),
-        ({k: v for k, v in saved_state().items() if k != "version"}, "version", "<missing>", 1),
+        ({k: v for k, v in saved_state().items() if k != "version"}, "version", "<missing>", 2),
         ([1, 2, 3], "state", "list", "a dict from StatefulSampler.state_dict()"),
     ],
 )
@@ -120,6 +120,8 @@ def test_state_is_small_json_whatever_the_size(
 ) -> None:
     if tail == "drop" and 0 < size < world_size:
         size = world_size
+    if tail == "carry":
+        batch_size = batch_size or 1
     sampler = StatefulSampler(size, seed=seed, num_replicas=world_size, rank=0, tail=tail, batch_size=batch_size)
     sampler.set_epoch(epoch)
     encoded = json.dumps(sampler.state_dict())

@@ -59,3 +59,12 @@ def test_demo_kills_resumes_and_reports_identical_runs() -> None:
     assert "identical final weights:         yes, bitwise\n" in out
     assert "verdict:                         IDENTICAL: the resumed run is the uninterrupted run\n" in out
     assert "DIFFERENT" not in out
+
+
+def test_parquet_stream_is_killed_resumed_and_reports_identical_runs() -> None:
+    out = run_example("parquet_stream.py")
+    assert "killed with SIGKILL after step 75 (epoch 1, batch 18 of 57); resuming from the checkpoint at step 60" in out
+    assert "identical batches:       114 of 114 (record ids, in order)\n" in out
+    assert "identical final weights: yes, bitwise\n" in out
+    assert "verdict:                 IDENTICAL\n" in out
+    assert "\n       64          1797     0.06 TV" in out  # the table ends at a window of every shard

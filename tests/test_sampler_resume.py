@@ -43,6 +43,8 @@ def test_resume_at_any_position_yields_the_exact_suffix(
     start_epoch: int, stop_fraction: float, save_offset: int,
 ) -> None:
     size = fix_config(size, world_size, tail)
+    if tail == "carry":
+        batch_size = batch_size or 1
     config: dict[str, Any] = dict(seed=seed, tail=tail, order=order, batch_size=batch_size)
     epochs = range(start_epoch, start_epoch + 3)
     uninterrupted = run_epochs(make_ranks(size, world_size, **config), epochs)

@@ -5,12 +5,13 @@ from stateful_sampler.keys import KeyedDataset, SampleKey
 from stateful_sampler.order.layout import Tail
 from stateful_sampler.orders import Order
 from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
-from stateful_sampler.seeding import SampleRNG, SeededDataset, seed_worker
+from stateful_sampler.seeding import GlobalRNGThreadError, SampleRNG, SeededDataset, seed_worker
 from stateful_sampler.state import SamplerState
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GlobalRNGThreadError",
     "IncompatibleStateError",
     "KeyedDataset",
     "Order",

@@ -20,8 +20,8 @@ def check_int(name: str, value: Any, *, minimum: int = 0, maximum: int | None = 
     return value
 
 
-def check_optional_int(name: str, value: Any, *, minimum: int = 0) -> int | None:
-    return None if value is None else check_int(name, value, minimum=minimum)
+def check_optional_int(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int | None:
+    return None if value is None else check_int(name, value, minimum=minimum, maximum=maximum)
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -13,6 +13,9 @@ from stateful_sampler.order.permutation import FeistelPermutation
 
 Permute = Callable[[np.ndarray], np.ndarray]
 
+# order="torch" holds randperm(N) as int64, 8 bytes a record: 2**31 records is already 16 GiB.
+MAX_TORCH_SIZE = 1 << 31
+
 
 class Order(str, Enum):
     FAST = "fast"  # O(block) bijection, no O(N) array
@@ -30,20 +33,23 @@ class StreamRecords:
         self._size = size
         self._cache: OrderedDict[int, Permute] = OrderedDict()
 
-    def __call__(self, stream_positions: np.ndarray) -> np.ndarray:
-        if not self._shuffle or stream_positions.size == 0:
-            return stream_positions % max(self._size, 1)
-        first = int(stream_positions.min()) // self._size
-        last = int(stream_positions.max()) // self._size
+    def __call__(self, base_pass: int, offsets: np.ndarray) -> np.ndarray:
+        """Records at stream positions ``base_pass * N + offsets`` (offsets may be negative or pass
+        N: carry reads across pass boundaries); the absolute position is never formed, so it may
+        exceed int64."""
+        if not self._shuffle or offsets.size == 0:
+            return offsets % max(self._size, 1)
+        first = int(offsets.min()) // self._size
+        last = int(offsets.max()) // self._size
         if first == last:
             # The usual block lies inside one pass: a subtraction instead of a per-element divmod.
-            offsets = stream_positions - first * self._size if first else stream_positions
-            return self._permutation(first)(offsets)
-        passes, offsets = np.divmod(stream_positions, self._size)
-        records = np.empty_like(offsets)
-        for pass_index in range(first, last + 1):
-            in_pass = passes == pass_index
-            records[in_pass] = self._permutation(pass_index)(offsets[in_pass])
+            local = offsets - first * self._size if first else offsets
+            return self._permutation(base_pass + first)(local)
+        passes, local = np.divmod(offsets, self._size)
+        records = np.empty_like(local)
+        for relative_pass in range(first, last + 1):
+            in_pass = passes == relative_pass
+            records[in_pass] = self._permutation(base_pass + relative_pass)(local[in_pass])
         return records
 
     def _permutation(self, pass_index: int) -> Permute:

@@ -14,14 +14,15 @@ from operator import length_hint
 from typing import Any, Callable, Iterator, Sized
 
 import numpy as np
+import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.layout import EpochLayout, Tail, carry_epoch_start
+from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout, Tail, carry_epoch_start
 from stateful_sampler.order.permutation import MAX_SIZE
-from stateful_sampler.orders import Order, StreamRecords
+from stateful_sampler.orders import MAX_TORCH_SIZE, Order, StreamRecords
 from stateful_sampler.state import STATE_VERSION, SamplerState
 
 _FIRST_BLOCK = 1024  # small, so the first batch after a resume is quick
@@ -44,9 +45,13 @@ def add_pass_start_hook(hook: PassStartHook) -> Callable[[], None]:
 
 @dataclass(frozen=True)
 class _Cursor:
+    """Where the next pass starts: the epoch, the global positions of it consumed (the next pass's
+    segment starts there), and the epoch's end where it is already fixed."""
+
     epoch: int
-    position: int  # global positions of the epoch consumed
+    position: int
     carry_start: int  # stream position where the epoch starts (carry only)
+    end: int | None = None  # None: laid out on the current ranks and batch size from ``position``
 
 
 @dataclass
@@ -56,26 +61,26 @@ class _Pass:
     origin: _Cursor
     layout: EpochLayout
     rank: int
-    local_start: int
     block_start: int
     block: Iterator[Any]
     block_length: int = 0
     finished: bool = False
 
-    def position_after(self, local_count: int) -> int:
-        local_stop = min(self.local_start + local_count, self.layout.local_length(self.rank))
-        return self.layout.position_after(self.rank, self.origin.position, local_stop)
+    def drawn(self) -> int:
+        """Local positions drawn so far (all of them once the pass has ended)."""
+        return self.block_start + self.block_length - length_hint(self.block)
 
-    def drawn_position(self) -> int:
-        taken = self.block_length - length_hint(self.block)
-        return self.position_after(self.block_start + taken - self.local_start)
+    def cursor_after(self, local_count: int) -> _Cursor:
+        """The cursor once this rank has taken ``local_count`` positions of the pass."""
+        position = self.layout.position_after(self.rank, local_count)
+        return replace(self.origin, position=position, end=self.layout.length)
 
 
 class StatefulSampler(DistributedSampler):
     """Yields this rank's share of each epoch's order, from the saved position onwards.
 
     Args:
-        data_source: a sized dataset or the number of records N.
+        data_source: a sized dataset or the number of records N (an int or a 0-d integer tensor).
         shuffle: permute each epoch (``False`` gives 0..N-1).
         seed: the order's seed, an int in [0, 2**63) (an int64: keys carry it through collate).
         num_replicas, rank: the ranks; default to the process group, or 1 and 0 without one.
@@ -83,6 +88,15 @@ class StatefulSampler(DistributedSampler):
         order: ``"fast"`` (O(block) bijection) or ``"torch"`` (exactly ``DistributedSampler``).
         batch_size: per-rank batch; needed by ``carry`` and to count consumed batches.
         yield_keys: yield ``SampleKey`` s instead of indices (see ``KeyedDataset``).
+
+    Example:
+        >>> sampler = StatefulSampler(10, seed=1, num_replicas=2, rank=0, batch_size=2)
+        >>> first = list(sampler)[:2]                           # the loop consumes one batch...
+        >>> state = sampler.state_dict(consumed_batches=1)      # ...and saves
+        >>> resumed = StatefulSampler(10, seed=1, num_replicas=2, rank=0, batch_size=2)
+        >>> resumed.load_state_dict(state)
+        >>> first + list(resumed) == list(StatefulSampler(10, seed=1, num_replicas=2, rank=0))
+        True
     """
 
     def __init__(
@@ -104,11 +118,18 @@ class StatefulSampler(DistributedSampler):
         self.seed = check_int("seed", seed, maximum=(1 << 63) - 1)
         self.tail = check_choice("tail", tail, Tail)
         self.order = check_choice("order", order, Order)
-        self.batch_size = check_optional_int("batch_size", batch_size, minimum=1)
+        self.batch_size = check_optional_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
         self.yield_keys = check_bool("yield_keys", yield_keys)
-        self._num_replicas = check_optional_int("num_replicas", num_replicas, minimum=1)
-        self._rank = check_optional_int("rank", rank)
-        self.rank  # noqa: B018 - validates rank against num_replicas now when both are known
+        self._num_replicas = check_optional_int("num_replicas", num_replicas, minimum=1, maximum=MAX_RANKS)
+        self._rank = check_optional_int("rank", rank, maximum=MAX_RANKS - 1)
+        if self.tail is Tail.CARRY and self.batch_size is None:
+            raise ValueError("tail='carry' needs batch_size: an epoch is whole global batches of batch_size * W")
+        if self.order is Order.TORCH and self.shuffle and self.size > MAX_TORCH_SIZE:
+            raise ValueError(
+                f"order='torch' holds randperm(N) in memory: N must be at most {MAX_TORCH_SIZE}, got {self.size}; "
+                f"use order='fast' (O(block) memory)"
+            )
+        self._check_ranks()
         self._records = StreamRecords(self.order, self.shuffle, self.seed, self.size)
         self._cursor = _Cursor(epoch=0, position=0, carry_start=0)
         self._pass: _Pass | None = None
@@ -123,11 +144,13 @@ class StatefulSampler(DistributedSampler):
 
     @property
     def rank(self) -> int:  # type: ignore[override]
-        world_size = self.num_replicas
         if self._rank is not None:
-            rank = self._rank
-        else:
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            return self._rank
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+    def _check_ranks(self) -> None:
+        """Checked at construction and at each pass start: the process group may come later."""
+        world_size, rank = self.num_replicas, self.rank
         if rank >= world_size:
             raise ValueError(f"rank must lie in [0, num_replicas) = [0, {world_size}), got {rank}")
         if self.tail is Tail.DROP and 0 < self.size < world_size:
@@ -135,7 +158,6 @@ class StatefulSampler(DistributedSampler):
                 f"tail='drop' with {self.size} records on num_replicas={world_size} ranks would drop "
                 f"every record: use tail='pad' or 'uneven', or fewer ranks"
             )
-        return rank
 
     # -- DistributedSampler's public attributes, derived rather than stored
 
@@ -156,12 +178,22 @@ class StatefulSampler(DistributedSampler):
         return len(self)
 
     def __len__(self) -> int:
-        """This rank's indices in the current epoch, counted from its start (as Lightning expects).
+        """This rank's indices in the current epoch, counted from its start (as Lightning expects);
+        after an elastic resume, the consumed part counts as if these ranks had taken it.
 
         The current epoch is the one a pass is drawing, or has drawn to its end, until ``set_epoch``
         or the next pass: DataLoader workers can draw a short epoch whole before training reads
         ``len(loader)``, and under ``carry`` the next epoch's length differs."""
         layout = self._pass.layout if self._pass is not None else self._layout(self._cursor)
+        rank = self.rank
+        return layout.local_before(rank) + layout.local_length(rank)
+
+    def remaining_length(self) -> int:
+        """The indices this rank's pass yields: the one under way, or else the next one (the rest of
+        the current epoch from the committed position). A training loop that resumed mid-epoch runs
+        ``ceil(remaining_length() / batch_size)`` more batches in it."""
+        current = self._pass if self._pass is not None and not self._pass.finished else None
+        layout = current.layout if current is not None else self._layout(self._cursor)
         return layout.local_length(self.rank)
 
     # -- epochs
@@ -169,21 +201,35 @@ class StatefulSampler(DistributedSampler):
     def set_epoch(self, epoch: int) -> None:
         """Move to ``epoch``'s start; the current epoch keeps its position (Lightning calls this again
         on resume, after the restored mid-epoch position is in place)."""
-        epoch = check_int("epoch", epoch)
+        epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
         if epoch != self._cursor.epoch or (self._pass is not None and self._pass.finished):
             self._commit(_Cursor(epoch, 0, self._carry_start(epoch)))
 
     def _carry_start(self, epoch: int) -> int:
+        """Where ``epoch`` starts under ``carry``: after the current epoch as it is laid out now (a
+        resume with another global batch moved its end), then whole global batches from there."""
         if self.tail is not Tail.CARRY:
             return 0
-        return carry_epoch_start(self.size, self._global_batch(), epoch, self._cursor.epoch, self._cursor.carry_start)
+        cursor = self._cursor
+        if epoch == cursor.epoch:
+            return cursor.carry_start
+        current = self._layout(cursor)
+        end = current.stream_start + current.length
+        return carry_epoch_start(self.size, self._global_batch(), epoch, cursor.epoch + 1, end)
 
     def _global_batch(self) -> int:
         return (self.batch_size or 1) * self.num_replicas
 
     def _layout(self, cursor: _Cursor) -> EpochLayout:
         return EpochLayout.build(
-            self.tail, self.size, self.num_replicas, cursor.epoch, self._global_batch(), cursor.carry_start
+            self.tail,
+            self.size,
+            self.num_replicas,
+            cursor.epoch,
+            self._global_batch(),
+            cursor.carry_start,
+            cursor.position,
+            cursor.end,
         )
 
     def _commit(self, cursor: _Cursor) -> None:
@@ -194,21 +240,25 @@ class StatefulSampler(DistributedSampler):
     # -- iteration
 
     def __iter__(self) -> Iterator[Any]:
-        """A lazy pass: epoch and position are read at the first ``next()``, not here.
+        """A lazy pass: epoch and position are read at the first ``next()``, not here (Lightning
+        iterates before it calls ``set_epoch`` on a resumed epoch, #21938). The previous pass is
+        detached at once, so a state taken between ``iter()`` and the first batch describes the new
+        pass, which starts at the committed position.
 
         ``chain`` hands out each block's items in C; the generator behind it only resumes once
         per block, which halves the per-index cost of a generator that yields every item."""
+        self._pass = None
         return chain.from_iterable(self._pass_blocks())
 
     def _pass_blocks(self) -> Iterator[Iterator[Any]]:
         for hook in tuple(_pass_start_hooks):
             hook(self)
+        self._check_ranks()
         origin = self._cursor
         layout = self._layout(origin)
         rank = self.rank
-        local_start = layout.local_start(rank, origin.position)
         local_stop = layout.local_length(rank)
-        current = _Pass(origin, layout, rank, local_start, local_start, iter(()))
+        current = _Pass(origin, layout, rank, 0, iter(()))
         self._pass = current
         block = _FIRST_BLOCK
         while current.block_start + current.block_length < local_stop:
@@ -221,26 +271,28 @@ class StatefulSampler(DistributedSampler):
         if self._pass is current:
             # A completed pass moves on, so a forgotten set_epoch never replays the same order.
             current.finished = True
-            self._cursor = _Cursor(origin.epoch + 1, 0, layout.stream_start + layout.length if self.tail is Tail.CARRY else 0)
+            end = layout.stream_start + layout.length if self.tail is Tail.CARRY else 0
+            self._cursor = _Cursor(origin.epoch + 1, 0, end)
 
     def _items(self, layout: EpochLayout, rank: int, start: int, stop: int) -> tuple[Iterator[int], Iterator[Any]]:
         """A block's records as an iterator whose ``length_hint`` counts what was drawn, and the
         items to yield: those records, or keys made from them as they are drawn (made up front,
         a block of keys outlives the young GC generation and costs about 6x more per key)."""
         positions = layout.global_positions(rank, start, stop)
-        streams = layout.stream_positions(positions)
-        records = iter(self._records(streams).tolist())
+        offsets = layout.pass_offsets(positions)
+        records = iter(self._records(layout.epoch, offsets).tolist())
         if not self.yield_keys:
             return records, records
-        passes = (streams // max(self.size, 1)).tolist()
+        passes = (offsets // max(self.size, 1) + layout.epoch).tolist()
         padding = layout.is_padding(positions).tolist()
         return records, map(SampleKey, records, repeat(self.seed), passes, positions.tolist(), padding)
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
-        """This rank's whole order for an epoch (default: the current one), without moving the cursor."""
+        """This rank's order for an epoch (default: the current one, from its committed position),
+        without moving the cursor."""
         layout = self.layout(epoch)
         positions = layout.global_positions(self.rank, 0, layout.local_length(self.rank))
-        return self._records(layout.stream_positions(positions))
+        return self._records(layout.epoch, layout.pass_offsets(positions))
 
     def dropped_indices(self, epoch: int | None = None) -> list[int]:
         """Records that ``tail='drop'`` leaves out of an epoch (default: the current one)."""
@@ -249,16 +301,23 @@ class StatefulSampler(DistributedSampler):
     def unused_indices(self, epoch: int | None = None) -> list[int]:
         """Records of an epoch's own permutation that the epoch does not take: cut for good under
         ``drop``, rolled over into the next epoch under ``carry``, none otherwise."""
-        unused = self.layout(epoch).unused_stream()
-        return self._records(np.arange(unused.start, unused.stop, dtype=np.int64)).tolist()
+        layout = self.layout(epoch)
+        unused = layout.unused_offsets()
+        return self._records(layout.epoch, np.arange(unused.start, unused.stop, dtype=np.int64)).tolist()
 
     def layout(self, epoch: int | None = None) -> EpochLayout:
-        """An epoch's layout (default: the current one): its length, padding and carried positions,
-        for tools such as the coverage audit that must answer from the sampler's own arithmetic."""
-        return self._layout(self._cursor if epoch is None else self._cursor_at(epoch))
+        """An epoch's layout (default: the current one, as it is or was drawn, resumed segment
+        included): its length, padding and carried positions, for tools such as the coverage audit
+        that must answer from the sampler's own arithmetic."""
+        current = self._pass.layout if self._pass is not None else self._layout(self._cursor)
+        if epoch is None or epoch == current.epoch:
+            return current
+        return self._layout(self._cursor_at(epoch))
 
     def _cursor_at(self, epoch: int) -> _Cursor:
-        epoch = check_int("epoch", epoch)
+        epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
+        if epoch == self._cursor.epoch:
+            return self._cursor
         return _Cursor(epoch, 0, self._carry_start(epoch))
 
     # -- state
@@ -266,31 +325,34 @@ class StatefulSampler(DistributedSampler):
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
         """The state to save, as a JSON-serialisable dict of a few hundred bytes.
 
-        With no argument: the position this sampler has *drawn* up to. That is exact when nothing
-        runs ahead of training (``num_workers=0``) and inside torchdata's ``StatefulDataLoader``,
-        which snapshots sampler state as each batch's indices are fetched.
+        With no argument: the position this sampler has *drawn* up to (the end of the epoch once a
+        pass has drawn it whole). That is exact when nothing runs ahead of training
+        (``num_workers=0``) and inside torchdata's ``StatefulDataLoader``, which snapshots sampler
+        state as each batch's indices are fetched.
 
         With ``consumed_batches=k``: the position after the first k batches of the current pass,
         which is what a training loop has consumed whatever ``DataLoader`` workers prefetched.
         Count the batches of the loop over the loader (``enumerate(loader, 1)``); needs
-        ``batch_size``.
+        ``batch_size``, and k may not pass the pass's last batch.
         """
+        current = self._pass
         if consumed_batches is None:
-            cursor = self._cursor
-            if self._pass is not None and not self._pass.finished:
-                cursor = replace(self._pass.origin, position=self._pass.drawn_position())
-        else:
-            if self.batch_size is None:
-                raise ValueError("state_dict(consumed_batches=...) needs StatefulSampler(..., batch_size=B)")
-            consumed = check_int("consumed_batches", consumed_batches) * self.batch_size
-            current = self._pass or self._pass_from(self._cursor)
-            cursor = replace(current.origin, position=current.position_after(consumed))
-        return self._state(cursor).to_dict()
-
-    def _pass_from(self, cursor: _Cursor) -> _Pass:
-        layout = self._layout(cursor)
-        start = layout.local_start(self.rank, cursor.position)
-        return _Pass(cursor, layout, self.rank, start, start, iter(()))
+            cursor = self._cursor if current is None else current.cursor_after(current.drawn())
+            return self._state(cursor).to_dict()
+        if self.batch_size is None:
+            raise ValueError("state_dict(consumed_batches=...) needs StatefulSampler(..., batch_size=B)")
+        if current is None:
+            current = _Pass(self._cursor, self._layout(self._cursor), self.rank, 0, iter(()))
+        local_length = current.layout.local_length(self.rank)
+        batches = -(-local_length // self.batch_size)
+        consumed = check_int("consumed_batches", consumed_batches)
+        if consumed > batches:
+            raise ValueError(
+                f"consumed_batches must be at most {batches}, the batches of the current pass "
+                f"({local_length} indices in batches of {self.batch_size}), got {consumed}: count the batches "
+                f"of this pass over the loader, not a global step"
+            )
+        return self._state(current.cursor_after(consumed * self.batch_size)).to_dict()
 
     def _state(self, cursor: _Cursor) -> SamplerState:
         return SamplerState(
@@ -303,23 +365,41 @@ class StatefulSampler(DistributedSampler):
             epoch=cursor.epoch,
             position=cursor.position,
             carry_start=cursor.carry_start,
+            epoch_end=self._layout(cursor).length,
             world_size=self.num_replicas,
             batch_size=self.batch_size,
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved state in O(1). World size and batch size may differ from the run
-        that saved it; another dataset size, seed, shuffle, tail or order raises
-        ``IncompatibleStateError`` and leaves this sampler as it was."""
+        """Continue from a saved state in O(1): the rest of the saved epoch is laid out on this
+        sampler's ranks and batch size (docs/core.md, "Elastic resume"). Another dataset size,
+        seed, shuffle, tail or order raises ``IncompatibleStateError`` and leaves this sampler as
+        it was."""
         saved = SamplerState.from_dict(state)
         saved.check_continues(self._state(self._cursor))
-        self._commit(_Cursor(saved.epoch, saved.position, saved.carry_start))
+        position = saved.position
+        if saved.finished:
+            # Past N only padding was left; another world size pads differently, so keep no more than N.
+            position = end = position if self.tail is Tail.CARRY else min(position, self.size)
+        elif (saved.world_size, saved.batch_size) == (self.num_replicas, self.batch_size):
+            end = saved.epoch_end  # the saving run's own layout: exact even from a mid-batch position
+        else:
+            end = None  # the rest of the epoch is laid out on these ranks and this batch size
+        self._commit(_Cursor(saved.epoch, position, saved.carry_start, end))
 
 
 def _dataset_size(data_source: Any) -> int:
-    if isinstance(data_source, bool):
-        raise TypeError(f"data_source must be a sized dataset or an int, got bool {data_source!r}")
-    if isinstance(data_source, int) or isinstance(data_source, np.integer):
+    """N from a dataset's length or an int; a str's length is no dataset size, so it is refused."""
+    if isinstance(data_source, (bool, str, bytes)):
+        raise TypeError(
+            f"data_source must be a sized dataset or an int, got {type(data_source).__name__} {data_source!r}"
+        )
+    if isinstance(data_source, (torch.Tensor, np.ndarray)) and data_source.ndim == 0:
+        value = np.asarray(data_source)
+        if value.dtype.kind not in "iu":
+            raise TypeError(f"data_source as a 0-d tensor must hold an integer, got {data_source!r}")
+        size = int(value)
+    elif isinstance(data_source, int) or isinstance(data_source, np.integer):
         size = data_source
     elif hasattr(data_source, "__len__"):
         size = len(data_source)

@@ -7,12 +7,17 @@ order and a cursor into it, never RNG internals: a few hundred bytes whatever N 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from stateful_sampler.errors import IncompatibleStateError
-from stateful_sampler.order.layout import EpochLayout, Tail
+from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout, Tail
+from stateful_sampler.order.permutation import MAX_SIZE
 
-STATE_VERSION = 1
+# 2 added ``epoch_end``, the end of the saved epoch as the saving run laid it out, so that a state
+# saved at an epoch's end stays there whatever ranks and batch size resume it. Version 1 states
+# (release 0.1.0) still load: their epochs were always laid out from position 0.
+STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 # The fields that identify the order: a state with other values here belongs to another order.
 IDENTITY_FIELDS = ("size", "seed", "shuffle", "tail", "order")
@@ -27,47 +32,50 @@ class SamplerState:
     tail: str
     order: str
     epoch: int
-    position: int  # global positions of the epoch consumed
+    position: int  # global positions of the epoch consumed (a prefix of the epoch's order)
     carry_start: int  # stream position where the epoch starts (``carry``; 0 otherwise)
+    epoch_end: int  # the epoch's length as the saving run laid it out; position == epoch_end: finished
     world_size: int  # ranks at save time; a different count on load is handled, not refused
-    batch_size: int | None  # per-rank batch at save time; sets carry's epoch boundaries
+    batch_size: int | None  # per-rank batch at save time
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def finished(self) -> bool:
+        """The saved epoch was consumed to its end: a resume starts nothing more of it."""
+        return self.position == self.epoch_end
+
     @classmethod
     def from_dict(cls, data: Any) -> SamplerState:
-        """Parse a saved dict, refusing anything that is not exactly a state of this version."""
+        """Parse a saved dict, refusing anything that is not exactly a state of a readable version."""
         if not isinstance(data, Mapping):
             raise IncompatibleStateError("state", type(data).__name__, "a dict from StatefulSampler.state_dict()")
-        if data.get("version") != STATE_VERSION:
-            raise IncompatibleStateError("version", data.get("version", "<missing>"), STATE_VERSION, "unknown state version")
-        expected = {f.name for f in fields(cls)}
+        version = data.get("version", "<missing>")
+        if type(version) is not int or version not in _READABLE_VERSIONS:
+            raise IncompatibleStateError("version", version, STATE_VERSION, "unknown state version")
+        expected = {name for name in _FIELD_TYPES if version > 1 or name != "epoch_end"}
         for name in sorted(set(data) - expected):
-            raise IncompatibleStateError(name, data[name], "<absent>", "not a field of this state version")
+            raise IncompatibleStateError(name, data[name], "<absent>", f"not a field of state version {version}")
         for name in sorted(expected - set(data)):
-            raise IncompatibleStateError(name, "<missing>", _TYPE_NAMES[name])
-        for name, value in data.items():
-            if not _has_type(name, value):
-                raise IncompatibleStateError(name, value, _TYPE_NAMES[name], "wrong type")
+            raise IncompatibleStateError(name, "<missing>", _FIELD_TYPES[name])
+        for name in sorted(expected):
+            if not _TYPE_CHECKS[_FIELD_TYPES[name]](data[name]):
+                raise IncompatibleStateError(name, data[name], _FIELD_TYPES[name], "wrong type")
         if data["tail"] not in {t.value for t in Tail}:
             raise IncompatibleStateError("tail", data["tail"], [t.value for t in Tail])
-        for name in ("size", "seed", "epoch", "position", "carry_start"):
-            if data[name] < 0:
-                raise IncompatibleStateError(name, data[name], "a non-negative int")
-        if data["world_size"] < 1 or (data["batch_size"] is not None and data["batch_size"] < 1):
-            bad = "world_size" if data["world_size"] < 1 else "batch_size"
-            raise IncompatibleStateError(bad, data[bad], "a positive int")
-        return cls(**data)
-
-    def global_batch(self) -> int:
-        return (self.batch_size or 1) * self.world_size
+        for name, low, high in _RANGES:
+            value = data.get(name)
+            if value is not None and not low <= value <= high:
+                raise IncompatibleStateError(name, value, f"an int in [{low}, {high}]")
+        values = dict(data)
+        if version == 1:
+            values["epoch_end"] = _layout(values, segment_start=0).length
+        return cls(**{**values, "version": STATE_VERSION})
 
     def layout(self) -> EpochLayout:
-        """The layout of the saved epoch as the run that saved it saw it."""
-        return EpochLayout.build(
-            Tail(self.tail), self.size, self.world_size, self.epoch, self.global_batch(), self.carry_start
-        )
+        """The saved epoch's layout from its start on the saving run's ranks (version 1's layout)."""
+        return _layout(self.to_dict(), segment_start=0)
 
     def check_continues(self, current: SamplerState) -> None:
         """Refuse a state that cannot continue ``current``'s order: first one of another order (so
@@ -86,32 +94,52 @@ class SamplerState:
                 )
         elif self.carry_start != 0:
             raise IncompatibleStateError("carry_start", self.carry_start, 0, "only tail 'carry' uses it")
-        length = self.layout().length
-        if self.position > length:
-            raise IncompatibleStateError("position", self.position, f"at most {length}", "beyond the end of the epoch")
+        longest = _longest_epoch(self)
+        if self.epoch_end > longest:
+            raise IncompatibleStateError("epoch_end", self.epoch_end, f"at most {longest}", "beyond any epoch's end")
+        if self.position > self.epoch_end:
+            raise IncompatibleStateError(
+                "position", self.position, f"at most epoch_end = {self.epoch_end}", "beyond the end of the epoch"
+            )
 
 
-_TYPE_NAMES = {
-    "version": "int",
-    "size": "int",
-    "seed": "int",
-    "shuffle": "bool",
-    "tail": "str",
-    "order": "str",
-    "epoch": "int",
-    "position": "int",
-    "carry_start": "int",
-    "world_size": "int",
-    "batch_size": "int or None",
+def _layout(values: Mapping[str, Any], segment_start: int) -> EpochLayout:
+    world_size = values["world_size"]
+    return EpochLayout.build(
+        Tail(values["tail"]),
+        values["size"],
+        world_size,
+        values["epoch"],
+        (values["batch_size"] or 1) * world_size,
+        values["carry_start"],
+        segment_start,
+    )
+
+
+def _longest_epoch(state: SamplerState) -> int:
+    """The longest any layout of the saved epoch can be: carry stops at the end of its pass, pad adds
+    fewer than W repeats, the others never pass N."""
+    if state.tail == Tail.CARRY.value:
+        return (state.epoch + 1) * state.size - state.carry_start
+    if state.tail == Tail.PAD.value and state.size:
+        return state.size + state.world_size - 1
+    return state.size
+
+
+_FIELD_TYPES = {field.name: str(field.type) for field in fields(SamplerState)}
+_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda value: type(value) is int,
+    "bool": lambda value: type(value) is bool,
+    "str": lambda value: type(value) is str,
+    "int | None": lambda value: value is None or type(value) is int,
 }
-
-
-def _has_type(name: str, value: Any) -> bool:
-    expected = _TYPE_NAMES[name]
-    if expected == "bool":
-        return type(value) is bool
-    if expected == "str":
-        return type(value) is str
-    if expected == "int or None":
-        return value is None or type(value) is int
-    return type(value) is int
+_RANGES = (
+    ("size", 0, MAX_SIZE - 1),
+    ("seed", 0, (1 << 63) - 1),
+    ("epoch", 0, MAX_EPOCH),
+    ("position", 0, (1 << 63) - 1),
+    ("epoch_end", 0, (1 << 63) - 1),
+    ("carry_start", 0, (1 << 126)),
+    ("world_size", 1, MAX_RANKS),
+    ("batch_size", 1, MAX_BATCH),
+)

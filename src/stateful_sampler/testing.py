@@ -21,7 +21,11 @@ def assert_resume_equal(
     steps and resumed with ``ckpt_path="last"``; raise ``AssertionError`` naming the first
     divergence (step, rank, fingerprints, indices) or differing weight. Returns the report.
 
-    The config needs a ``ModelCheckpoint(every_n_train_steps=..., save_last=True)``.
+    The config needs a ``ModelCheckpoint(every_n_train_steps=..., save_last=True)``. What prevents
+    the check from running raises instead: ``TypeError`` for a ``config`` or ``work_dir`` that is not
+    a path, ``FileNotFoundError`` for a missing config, ``ValueError`` naming what is wrong with the
+    config (LightningCLI's reason, in one line), ``kill_at``, ``timeout`` or ``work_dir``, and
+    ``TrainingRunError`` for a run that crashed or overstayed ``timeout``.
     """
     from stateful_sampler.lightning.resume_check import check_resume
     from stateful_sampler.lightning.verify import format_report

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from stateful_sampler import KeyedDataset, StatefulSampler
 from stateful_sampler.lightning import SamplerCheckpoint
@@ -55,13 +56,13 @@ class Setup:
     read_stepping_batches: bool = False
     callback: bool = True
     second_loader_size: int = 0  # > 0: train on {"first": ..., "second": ...}, the second one cycled
-
+    stateful_loader: bool = False  # torchdata's StatefulDataLoader instead of a DataLoader
 
     def with_(self, **changes: Any) -> Setup:
         return replace(self, **changes)
 
     def loader(self, dataset: Dataset, sampler: Any) -> DataLoader:
-        return DataLoader(
+        return (StatefulDataLoader if self.stateful_loader else DataLoader)(
             dataset,
             sampler=sampler,
             batch_size=self.batch_size,
@@ -213,6 +214,12 @@ def fit(
     """One ``Trainer.fit`` of ``setup`` on CPU, from scratch or from ``ckpt_path``; returns the model."""
     seed_everything(setup.seed, verbose=False)
     model = model_class(setup)
+    make_trainer(setup, callbacks, **trainer_args).fit(model, ckpt_path=ckpt_path)
+    return model
+
+
+def make_trainer(setup: Setup, callbacks: Sequence[Callback] = (), **trainer_args: Any) -> Trainer:
+    """A CPU ``Trainer`` for ``setup`` (with ``SamplerCheckpoint`` if ``setup.callback``)."""
     args: dict[str, Any] = dict(
         accelerator="cpu",
         devices=1,
@@ -228,8 +235,7 @@ def fit(
         deterministic=True,
         callbacks=[*callbacks, *([SamplerCheckpoint()] if setup.callback else [])],
     )
-    Trainer(**{**args, **trainer_args}).fit(model, ckpt_path=ckpt_path)
-    return model
+    return Trainer(**{**args, **trainer_args})
 
 
 def resumed_record(setup: Setup, checkpoint: Path | str, **trainer_args: Any) -> list[list[int]]:

@@ -8,10 +8,6 @@ batches of the uninterrupted run (issue 3, "What must hold" 5 and 6 under DDP).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -20,44 +16,20 @@ from typing import Any
 import pytest
 
 from stateful_sampler import StatefulSampler
+from tests.helpers import run_ranks
 from tests.lightning.ddp_callback_run import CASES
 
 SCRIPT = Path(__file__).with_name("ddp_callback_run.py")
 RANKS = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     """Runs both ranks once for every case; returns each tail's per-rank reports."""
     out = tmp_path_factory.mktemp("ddp")
-    env = {**os.environ, "NODE_RANK": "0", "WORLD_SIZE": str(RANKS), "MASTER_ADDR": "127.0.0.1"}
-    env["MASTER_PORT"] = str(_free_port())
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(out)],
-            env={**env, "LOCAL_RANK": str(rank)},
-            cwd=SCRIPT.parents[2],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # a group of its own: on a hang, its DataLoader workers go too
-        )
-        for rank in range(RANKS)
-    ]
-    try:
-        outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
-    finally:
-        for rank in ranks:
-            if rank.poll() is None:
-                os.killpg(rank.pid, signal.SIGKILL)
-    for rank, output in zip(ranks, outputs):
-        assert rank.returncode == 0, output[-4000:]
+    # Each rank's process group takes its DataLoader workers down with it on a hang.
+    run_ranks([sys.executable, str(SCRIPT), str(out)], RANKS, SCRIPT.parents[2], timeout=300,
+              rank_variable="LOCAL_RANK", env={"NODE_RANK": "0"})  # fmt: skip
     return {tail: [json.loads((out / f"{tail}_rank{r}.json").read_text()) for r in range(RANKS)] for tail in CASES}
 
 

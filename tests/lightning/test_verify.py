@@ -73,9 +73,11 @@ def test_verify_requires_a_step_based_last_checkpoint(
     config["trainer"]["callbacks"] = config["trainer"]["callbacks"][:1]  # SamplerCheckpoint only
     config_path.write_text(yaml.safe_dump(config))
     assert main(["--config", str(config_path)]) == EXIT_RUN_FAILED
-    out = capsys.readouterr().out
-    assert "verify could not complete: the reference run exited with code 1" in out
-    assert "verify needs a step-based ModelCheckpoint that keeps last.ckpt" in out
+    reason = capsys.readouterr().out.splitlines()[-1]
+    assert reason.startswith(
+        f"verify could not complete: config '{config_path}': trainer.callbacks: verify needs a step-based "
+        "ModelCheckpoint that keeps last.ckpt"
+    )
 
 
 def test_verify_names_a_missing_config(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -94,6 +96,87 @@ def test_verify_refuses_a_work_dir_that_holds_a_verification(tmp_path: Path, cap
     (tmp_path / "work" / "reference").mkdir(parents=True)
     assert main(["--config", str(config), "--work-dir", str(tmp_path / "work")]) == EXIT_RUN_FAILED
     assert f"work_dir: '{tmp_path / 'work'}' already holds a verification" in capsys.readouterr().out
+
+
+# -- could not run: exit 2 and one line that says why (issue 9, items 10 and 11)
+
+
+def test_verify_exits_2_with_one_line_on_a_malformed_yaml(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "broken.yaml"
+    config.write_text("trainer: [unclosed\n  max_epochs: 1\n")
+    assert main(["--config", str(config)]) == EXIT_RUN_FAILED
+    assert capsys.readouterr().out == (
+        f"verify could not complete: config: '{config}' is not valid YAML: "
+        "expected ',' or ']', but got ':' at line 2, column 13\n"
+    )
+
+
+@pytest.mark.slow
+def test_verify_exits_2_when_kill_at_is_before_the_first_checkpoint(
+    tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture
+) -> None:
+    # 1 epoch of ceil(1797 / 256) = 8 steps, a checkpoint every 3: a kill after step 2 leaves nothing to resume.
+    config = digits_config(tmp_path, max_epochs=1, batch_size=256, every_n_train_steps=3, num_workers=0)
+    assert main(["--config", str(config), "--kill-at", "2"]) == EXIT_RUN_FAILED
+    assert capsys.readouterr().out == (
+        "uninterrupted run ...\n"
+        "verify could not complete: kill_at must be at least 3 (the first checkpoint's step) and at most 7 "
+        "(the last step of the run), got 2\n"
+    )
+
+
+@pytest.mark.slow
+def test_verify_shows_a_missing_class_in_one_line(
+    tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture
+) -> None:
+    config = digits_config(tmp_path)
+    config.write_text(config.read_text().replace("model.DigitsClassifier", "model.NoSuchClassifier"))
+    assert main(["--config", str(config)]) == EXIT_RUN_FAILED
+    assert capsys.readouterr().out == (
+        "uninterrupted run ...\n"
+        f"verify could not complete: config '{config}': model: class_path "
+        "'stateful_sampler.lightning.model.NoSuchClassifier' cannot be used: "
+        "module 'stateful_sampler.lightning.model' has no attribute 'NoSuchClassifier'\n"
+    )
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf"])
+def test_verify_refuses_a_timeout_that_is_not_a_finite_number_above_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture, timeout: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--config", str(digits_config(tmp_path)), "--timeout", timeout])
+    assert exited.value.code == EXIT_RUN_FAILED
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "stateful-sampler verify: error: argument --timeout: "
+        f"expected a finite number of seconds above 0, got '{timeout}'"
+    )
+
+
+def test_verify_names_a_work_dir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = digits_config(tmp_path)
+    assert main(["--config", str(config), "--work-dir", str(config)]) == EXIT_RUN_FAILED
+    assert capsys.readouterr().out == (
+        f"verify could not complete: work_dir: '{config}' is a file, not a directory; pass a new or empty directory\n"
+    )
+
+
+def test_assert_resume_equal_names_config_when_it_is_not_a_path() -> None:
+    with pytest.raises(TypeError, match=r"^config must be a path \(str or os.PathLike\), got NoneType None$"):
+        assert_resume_equal(None)  # type: ignore[arg-type]
+
+
+def test_assert_resume_equal_names_a_work_dir_that_is_a_file(tmp_path: Path) -> None:
+    config = digits_config(tmp_path)
+    with pytest.raises(ValueError, match=r"^work_dir: '.*digits.yaml' is a file, not a directory; pass a new or empty"):
+        assert_resume_equal(config, work_dir=config)
+
+
+def test_assert_resume_equal_names_a_work_dir_under_a_file(tmp_path: Path) -> None:
+    config = digits_config(tmp_path)
+    message = r"^work_dir: cannot make a directory in '.*digits.yaml/runs': Not a directory$"
+    with pytest.raises(ValueError, match=message):
+        assert_resume_equal(config, work_dir=config / "runs")
 
 
 # -- the comparison, on hand-made records

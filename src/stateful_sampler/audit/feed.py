@@ -66,12 +66,11 @@ def _rank_feed(sampler: StatefulSampler, epoch: int, batch_size: int, drop_last:
     layout = sampler.layout(epoch)
     records = sampler.indices(epoch)
     positions = layout.global_positions(sampler.rank, 0, len(records))
-    streams = layout.stream_positions(positions)
     fed = len(records) - len(records) % batch_size if drop_last else len(records)
     return RankFeed(
         records=records,
         padding=layout.is_padding(positions),
-        carried_in=streams < epoch * sampler.size,
+        carried_in=layout.pass_offsets(positions) < 0,
         fed=fed,
         batch_size=batch_size,
     )

@@ -17,6 +17,10 @@ from stateful_sampler.audit.report import AuditSettings
 # Every fed occurrence is held once as an int (plus per-record counts per epoch): 10**8 of them is
 # about a gigabyte. Past that the audit refuses instead of sampling, so no count is ever estimated.
 MAX_OCCURRENCES = 10**8
+# Each rank of each epoch is one sampler call with fixed costs (about 0.2 ms on 2 busy cores,
+# whatever N is): 2**16 of them take about 15 s, so more ranks or epochs are refused, not waited on.
+MAX_RANK_EPOCHS = 1 << 16
+_INT64_MAX = (1 << 63) - 1  # the audit's arrays of records and stream positions are int64
 
 
 @dataclass(frozen=True)
@@ -40,11 +44,12 @@ def rank_samplers(
         sampler_or_config = AuditConfig(**sampler_or_config)
     if isinstance(sampler_or_config, StatefulSampler):
         template = sampler_or_config
-        world_size = template.num_replicas
+        world_size = check_int("world_size (the sampler's num_replicas)", template.num_replicas, minimum=1,
+                               maximum=MAX_RANK_EPOCHS)  # fmt: skip
         if batch_size is None:
             batch_size = template.batch_size
     elif isinstance(sampler_or_config, AuditConfig):
-        world_size = check_int("world_size", sampler_or_config.world_size, minimum=1)
+        world_size = check_int("world_size", sampler_or_config.world_size, minimum=1, maximum=MAX_RANK_EPOCHS)
         config = sampler_or_config
         template = StatefulSampler(
             config.size,
@@ -71,12 +76,13 @@ def rank_samplers(
         tail=template.tail.value,
         order=template.order.value,
         sampler_batch_size=template.batch_size,
-        batch_size=check_int("batch_size", batch_size, minimum=1),
+        batch_size=check_int("batch_size", batch_size, minimum=1, maximum=_INT64_MAX),
         drop_last=check_bool("drop_last", drop_last),
         num_workers=check_int("num_workers", num_workers),
         start_epoch=check_int("start_epoch", start_epoch),
         epochs=check_int("epochs", epochs, minimum=1),
     )
+    _check_work(settings)
     occurrences = settings.epochs * max(settings.size, template.layout(settings.start_epoch).length)
     if occurrences > MAX_OCCURRENCES:
         raise ValueError(
@@ -85,6 +91,25 @@ def rank_samplers(
         )
     samplers = [on_rank(template, world_size, rank) for rank in range(world_size)]
     return settings, samplers
+
+
+def _check_work(settings: AuditSettings) -> None:
+    """Refuse, before any work, an audit whose cost has no bound: too many rank-epochs, or epochs
+    so late that their stream positions (epoch * size) leave int64."""
+    rank_epochs = settings.epochs * settings.world_size
+    if rank_epochs > MAX_RANK_EPOCHS:
+        raise ValueError(
+            f"epochs={settings.epochs} on world_size={settings.world_size} ranks is {rank_epochs} rank-epochs, more "
+            f"than the {MAX_RANK_EPOCHS} the audit computes per call: "
+            "audit fewer epochs per call (start_epoch picks them)"
+        )
+    last_epoch = settings.start_epoch + settings.epochs - 1
+    limit = (_INT64_MAX - settings.size - settings.world_size) // max(settings.size, 1)
+    if last_epoch > limit:
+        raise ValueError(
+            f"start_epoch={settings.start_epoch} with epochs={settings.epochs} reaches epoch {last_epoch}, past the "
+            f"last epoch {limit} whose stream positions (epoch * size) fit in int64 for size={settings.size}"
+        )
 
 
 def on_rank(template: StatefulSampler, world_size: int, rank: int) -> StatefulSampler:

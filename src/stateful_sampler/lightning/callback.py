@@ -5,6 +5,10 @@ loader before it calls ``set_epoch`` on the resumed epoch. So the saved states w
 the first pass of a train sampler starts (``add_pass_start_hook``) or, with no workers, until
 ``on_train_start``, whichever comes first. The position saved is what the training loop has
 *processed*, counted from Lightning's batch progress, never what workers prefetched.
+
+The callback's state outlives the fit: ``OnExceptionCheckpoint`` saves after every callback's
+``on_exception``, and ``trainer.save_checkpoint`` may run after ``fit`` returned, so the position
+where the fit stopped is kept until the next fit starts.
 """
 
 from __future__ import annotations
@@ -20,21 +24,21 @@ from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.lightning.epoch_length import (
     EpochBatches,
-    count_current_epoch,
+    count_epoch,
     hold_epoch_batches,
     lightning_epoch_batches,
 )
 from stateful_sampler.lightning.loaders import (
     SamplerSetupError,
     checked_train_samplers,
-    combined_train_loader,
     restart_train_iteration,
+    superseded_loader_states,
     train_samplers,
 )
-from stateful_sampler.order.layout import Tail
+from stateful_sampler.lightning.restart import drop_loader_states, mark_epoch_unfinished
 from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
 
-CALLBACK_STATE_VERSION = 1
+CALLBACK_STATE_VERSION = 2
 # Lightning warns on every mid-epoch resume whose loader has no state_dict; with our state loaded
 # the samplers carry the position, so the warning is wrong for this fit (and only for this fit).
 _NOT_RESUMABLE_WARNING = r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is"
@@ -42,14 +46,21 @@ _NOT_RESUMABLE_WARNING = r"You're resuming from a checkpoint that ended before t
 
 @dataclass(frozen=True)
 class _SavedPosition:
-    """The callback's checkpoint entry: the batches processed in the epoch, whether that ended the
-    epoch for Lightning, the epoch's batch count as Lightning held it, and one state per train
-    sampler, in loader order."""
+    """The callback's checkpoint entry: the epoch (as Lightning numbers it) and the batches processed
+    in it, whether that ended the epoch for Lightning, the epoch's batch count as Lightning held it,
+    one state per train sampler in loader order, and which of Lightning's saved loader states these
+    replace."""
 
+    epoch: int
     batches_processed: int
     epoch_finished: bool
     epoch_batches: dict[str, Any]
     samplers: list[dict[str, Any]]
+    superseded_loader_states: list[int]
+
+    @property
+    def mid_epoch(self) -> bool:
+        return self.batches_processed > 0 and not self.epoch_finished
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": CALLBACK_STATE_VERSION, **asdict(self)}
@@ -86,9 +97,9 @@ class SamplerCheckpoint(Callback):
 
     Add it next to a step-based ``ModelCheckpoint`` and resume with ``ckpt_path``; each train
     ``DataLoader`` needs ``sampler=StatefulSampler(ds, batch_size=B)`` and ``batch_size=B``.
-    Without a checkpoint to resume from, the run is exactly what it is without this callback
-    (under ``tail="carry"`` it also keeps Lightning's per-epoch batch count right, see
-    ``epoch_length``).
+    Without a checkpoint to resume from, the run is exactly what it is without this callback.
+    It keeps Lightning's per-epoch batch count equal to what the samplers yield (``epoch_length``)
+    and, in a checkpoint it saved, replaces the train loaders' own saved positions (``restart``).
     """
 
     def __init__(self) -> None:
@@ -99,53 +110,85 @@ class SamplerCheckpoint(Callback):
     def _forget_the_run(self) -> None:
         self._trainer: Trainer | None = None
         self._pending: _SavedPosition | None = None
+        self._resumed: _SavedPosition | None = None  # the restored position, once in the samplers
         self._loaded = False  # this fit resumed from a checkpoint that holds a state of ours
         self._restore_error: ValueError | None = None
+        self._checked = False  # on_train_start found the train samplers fit to be counted
         self._passes: dict[StatefulSampler, _PassStart] = {}
         # After a checkpoint that ended an epoch, Lightning still counts the finished epoch's
-        # batches while it restarts, and only then the next epoch's (carry only).
-        self._finished_epoch_batches: EpochBatches | None = None
+        # batches while it restarts, and only then the next epoch's.
         self._recount_at_first_batch = False
+        # A resumed epoch that had already run limit_train_batches: it ends with no batch.
+        self._ended_at_start: _SavedPosition | None = None
+        self._stopped: dict[str, Any] = {}  # where the last fit stopped, for a checkpoint saved later
 
     # -- lifecycle
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit" and self._remove_hook is None:
+            self._forget_the_run()
             self._trainer = trainer
             self._remove_hook = add_pass_start_hook(self._on_pass_start)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._detach()
+        self._stop()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._detach()
+        # Lightning calls no teardown after an exception, and OnExceptionCheckpoint saves after this.
+        self._stop()
 
-    def _detach(self) -> None:
-        if self._remove_hook is not None:
-            self._remove_hook()
+    def _stop(self) -> None:
+        """Keep where the fit stopped, and let go of the samplers and the warning filter."""
+        if self._remove_hook is None:
+            return
+        stopped = self._position()
+        self._remove_hook()
         self._remove_hook = None
         if self._warning_filter in warnings.filters:
             warnings.filters.remove(self._warning_filter)
         self._warning_filter = None
         self._forget_the_run()
+        self._stopped = stopped
 
     # -- checkpoint
 
     def state_dict(self) -> dict[str, Any]:
+        return self._position() if self._remove_hook is not None else self._stopped
+
+    def _position(self) -> dict[str, Any]:
+        """The position the training loop has processed, or the one still waiting to be restored."""
+        for saved in (self._pending, self._ended_at_start):
+            if saved is not None:
+                return saved.to_dict()
         trainer = self._trainer
-        if trainer is None or combined_train_loader(trainer) is None:
+        samplers = train_samplers(trainer) if trainer is not None and self._checked else []
+        if trainer is None or not samplers:
             return {}
         processed = _batches_processed(trainer)
         states = []
-        for sampler in train_samplers(trainer):
+        for sampler in samplers:
             start = self._passes.get(sampler, _PassStart(0, _lightning_epoch(trainer)))
             consumed = processed - start.batches_before
             if start.restored_from is None:
                 states.append(sampler.state_dict(consumed_batches=consumed))
             else:
                 states.append(_state_after(sampler, start.restored_from, consumed))
+        # Lightning counts a fit that stopped mid-epoch (max_steps) as past the epoch; the pass knows better
+        epoch = self._passes[samplers[0]].epoch if samplers[0] in self._passes else _lightning_epoch(trainer)
         finished = processed >= trainer.num_training_batches
-        return _SavedPosition(processed, finished, asdict(lightning_epoch_batches(trainer)), states).to_dict()
+        epoch_batches = asdict(lightning_epoch_batches(trainer))
+        superseded = superseded_loader_states(trainer)
+        return _SavedPosition(epoch, processed, finished, epoch_batches, states, superseded).to_dict()
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Runs before Lightning restores its loops from ``checkpoint``: make them agree with our state."""
+        entry = checkpoint.get("callbacks", {}).get(self.state_key)
+        if not entry:
+            return
+        saved = _SavedPosition.from_dict(entry)
+        if saved.mid_epoch:
+            mark_epoch_unfinished(checkpoint, saved.epoch)
+        drop_loader_states(checkpoint, saved.superseded_loader_states)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Runs before the train loader exists: keep the state for the samplers' first pass."""
@@ -161,6 +204,7 @@ class SamplerCheckpoint(Callback):
         samplers = checked_train_samplers(trainer)
         if self._restore_error is not None:
             raise self._restore_error
+        self._checked = True
         if self._pending is not None:
             begun = any(sampler in self._passes for sampler in samplers)
             self._restore(samplers, self._pending)
@@ -170,23 +214,28 @@ class SamplerCheckpoint(Callback):
                 restart_train_iteration(trainer)
         elif trainer.ckpt_path is not None and not self._loaded:
             self._resume_without_state(trainer, samplers)
-        if not _has_carry(samplers):
-            return
-        if self._finished_epoch_batches is not None:
+        self._count_first_epoch(trainer)
+
+    def _count_first_epoch(self, trainer: Trainer) -> None:
+        resumed = self._resumed
+        if resumed is not None and resumed.epoch_finished:
             # Lightning decides that the saved epoch is over from its batch count, after this hook
-            hold_epoch_batches(trainer, self._finished_epoch_batches)
+            hold_epoch_batches(trainer, EpochBatches(**resumed.epoch_batches).limits, _fetched(trainer))
             self._recount_at_first_batch = True
-        else:
-            count_current_epoch(trainer)
+            return
+        before = resumed.batches_processed if resumed is not None else 0
+        if count_epoch(trainer, before, before + _fetched(trainer)) and resumed is not None and before > 0:
+            finished = replace(resumed, epoch_finished=True, epoch_batches=asdict(lightning_epoch_batches(trainer)))
+            self._ended_at_start = finished
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if _has_carry(train_samplers(trainer)):
-            count_current_epoch(trainer)
+        self._ended_at_start = None
+        count_epoch(trainer, 0, _fetched(trainer))
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self._recount_at_first_batch:
             self._recount_at_first_batch = False
-            trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = count_current_epoch(trainer)
+            trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = count_epoch(trainer, 0, _fetched(trainer))
 
     def _on_pass_start(self, sampler: StatefulSampler) -> None:
         trainer = self._trainer
@@ -243,9 +292,7 @@ class SamplerCheckpoint(Callback):
             if saved.epoch_finished:
                 sampler.set_epoch(sampler.epoch + 1)
             self._passes[sampler] = _PassStart(batches_before, sampler.epoch, sampler.state_dict(), started=False)
-        if saved.epoch_finished:
-            self._finished_epoch_batches = EpochBatches(**saved.epoch_batches)
-        self._pending = None
+        self._pending, self._resumed = None, saved
 
 
 def _state_after(sampler: StatefulSampler, origin: dict[str, Any], consumed_batches: int) -> dict[str, Any]:
@@ -271,5 +318,7 @@ def _mid_epoch(trainer: Trainer) -> bool:
     return 0 < _batches_processed(trainer) < trainer.num_training_batches
 
 
-def _has_carry(samplers: list[StatefulSampler]) -> bool:
-    return any(sampler.tail is Tail.CARRY for sampler in samplers)
+def _fetched(trainer: Trainer) -> int:
+    """The batches the fit loop's data fetcher has fetched since it last started."""
+    fetcher = trainer.fit_loop._data_fetcher
+    return fetcher.fetched if fetcher is not None else 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
@@ -49,7 +50,30 @@ def train_samplers(trainer: Trainer) -> list[StatefulSampler]:
     combined = combined_train_loader(trainer)
     if combined is None:
         return []
-    return [s for loader in combined.flattened for s in _samplers_of(loader) if isinstance(s, StatefulSampler)]
+    return [s for loader in combined.flattened for s in stateful_samplers_of(loader)]
+
+
+def stateful_samplers_of(loader: Any) -> list[StatefulSampler]:
+    return [s for s in _samplers_of(loader) if isinstance(s, StatefulSampler)]
+
+
+def superseded_loader_states(trainer: Trainer) -> list[int]:
+    """Which entries of the loader states Lightning saves (one per loader with ``state_dict``, such
+    as torchdata's ``StatefulDataLoader``) belong to loaders whose position a ``StatefulSampler``
+    holds: ``SamplerCheckpoint``'s state replaces them, so the position has one source of truth."""
+    combined = combined_train_loader(trainer)
+    if combined is None:
+        return []
+    stateful = [loader for loader in combined.flattened if isinstance(loader, _Stateful)]
+    return [index for index, loader in enumerate(stateful) if stateful_samplers_of(loader)]
+
+
+def loader_batching(loader: Any, sampler: StatefulSampler) -> tuple[int, bool]:
+    """The batch size and ``drop_last`` a loader batches its sampler's indices with."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    batch_size = getattr(loader, "batch_size", None) or getattr(batch_sampler, "batch_size", None)
+    drop_last = getattr(loader, "drop_last", None) or getattr(batch_sampler, "drop_last", False)
+    return batch_size or sampler.batch_size or 1, bool(drop_last)
 
 
 def checked_train_samplers(trainer: Trainer) -> list[StatefulSampler]:
@@ -58,11 +82,12 @@ def checked_train_samplers(trainer: Trainer) -> list[StatefulSampler]:
     combined = combined_train_loader(trainer)
     if combined is None:
         raise SamplerSetupError("SamplerCheckpoint found no train dataloader: it only works inside Trainer.fit")
+    _check_not_overfitting(trainer)
     _check_not_cycled(combined)
     found = []
     for index, loader in enumerate(combined.flattened):
         samplers = _samplers_of(loader)
-        stateful = [s for s in samplers if isinstance(s, StatefulSampler)]
+        stateful = stateful_samplers_of(loader)
         wrapped = [s for s in samplers if isinstance(s, DistributedSamplerWrapper)]
         if wrapped:
             inner = type(wrapped[0].dataset._sampler).__name__
@@ -82,6 +107,18 @@ def checked_train_samplers(trainer: Trainer) -> list[StatefulSampler]:
             _check_batch_size(index, loader, sampler)
         found.extend(stateful)
     return found
+
+
+def _check_not_overfitting(trainer: Trainer) -> None:
+    """``overfit_batches`` makes Lightning replace every train sampler with a ``SequentialSampler``
+    (the same first batches each epoch), so no StatefulSampler is left to resume."""
+    if trainer.overfit_batches > 0:
+        raise SamplerSetupError(
+            f"Trainer(overfit_batches={trainer.overfit_batches}) replaced the train dataloader's sampler with a "
+            f"SequentialSampler over the first batches, so there is no StatefulSampler to checkpoint: for an "
+            f"overfitting run remove SamplerCheckpoint from the callbacks, or set overfit_batches=0 to train on "
+            f"the StatefulSampler"
+        )
 
 
 def _check_not_cycled(combined: CombinedLoader) -> None:

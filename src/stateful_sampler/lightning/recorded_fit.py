@@ -4,23 +4,29 @@
 ``LightningCLI`` plus a ``BatchRecorder`` (configured from the environment by the runner), with
 every ``ModelCheckpoint`` redirected into the run's own directory, so a verification never
 writes into the user's checkpoint folders and two runs never resume from each other's files.
+A config LightningCLI refuses leaves its reason in one line for verify to show, not a usage text.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from argparse import ArgumentError
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from stateful_sampler.lightning.recorder import BatchRecorder
+from stateful_sampler.lightning.config import ConfigError, parse_problem
+from stateful_sampler.lightning.lifeline import watch_lifeline
+from stateful_sampler.lightning.recorder import RECORD_ENV, BatchRecorder, config_problem_path
 
 
 class RecordedFitCLI(LightningCLI):
     def before_fit(self) -> None:
         checkpoints = [callback for callback in self.trainer.callbacks if isinstance(callback, ModelCheckpoint)]
         if not any(callback._every_n_train_steps and callback.save_last for callback in checkpoints):
-            raise ValueError(
+            raise ConfigError(
                 "trainer.callbacks: verify needs a step-based ModelCheckpoint that keeps last.ckpt, e.g. "
                 "{class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: "
                 "{every_n_train_steps: 20, save_last: true}}, so the killed run leaves a checkpoint to resume "
@@ -31,10 +37,17 @@ class RecordedFitCLI(LightningCLI):
 
 
 def main() -> None:
-    RecordedFitCLI(
-        trainer_defaults={"callbacks": [BatchRecorder.from_environment()]},
-        save_config_callback=None,
-    )
+    watch_lifeline()
+    try:
+        RecordedFitCLI(
+            trainer_defaults={"callbacks": [BatchRecorder.from_environment()]},
+            save_config_callback=None,
+            parser_kwargs={"exit_on_error": False},
+        )
+    except (ArgumentError, ConfigError) as error:
+        problem = parse_problem(error) if isinstance(error, ArgumentError) else str(error)
+        config_problem_path(Path(os.environ[RECORD_ENV])).write_text(problem)
+        sys.exit(f"config problem: {problem}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """What a recorded training run leaves behind, and the callback that records it.
 
 Per rank, one JSON line per batch that reached ``training_step`` (its fingerprint, and indices
-when the batch carries them) and one per checkpoint saved; on rank 0, the final weights. A run
-told to pause at a step tells its parent through a FIFO and waits there to be killed, so the kill
-lands at an exact, reproducible point after the checkpoints before it were written.
+when the batch carries them) and one per checkpoint saved; on rank 0, the final weights; and,
+when LightningCLI refuses the config, the reason in one line. A run told to pause at a step
+tells its parent through a FIFO and waits there to be killed, so the kill lands at an exact,
+reproducible point after the checkpoints before it were written.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -55,6 +57,10 @@ def weights_path(prefix: Path) -> Path:
 
 def rank_path(prefix: Path, rank: int) -> Path:
     return prefix.with_name(f"{prefix.name}.rank{rank}.jsonl")
+
+
+def config_problem_path(prefix: Path) -> Path:
+    return prefix.with_name(prefix.name + ".config-problem.txt")
 
 
 def read_run(prefix: Path) -> RunRecord:
@@ -126,8 +132,16 @@ class BatchRecorder(Callback):
     def _wait_to_be_killed(self, trainer: Trainer) -> None:
         if self.notify is None:
             raise ValueError(f"{PAUSE_AT_ENV} is set but {NOTIFY_ENV} is not: a paused run must tell its parent")
-        with self.notify.open("w") as fifo:
-            fifo.write(f"{trainer.global_rank} {trainer.world_size}\n")
+        try:  # non-blocking: with no parent reading, a blocking open would wait forever
+            fifo = os.open(self.notify, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as error:
+            if error.errno != errno.ENXIO:
+                raise
+            print(f"paused at step {self.pause_at}, but no process reads {self.notify}: its parent is gone",
+                  file=sys.stderr)  # fmt: skip
+            os._exit(3)
+        os.write(fifo, f"{trainer.global_rank} {trainer.world_size}\n".encode())  # one short write: atomic
+        os.close(fifo)
         threading.Event().wait(PAUSE_LIMIT_SECONDS)
         print(f"paused at step {self.pause_at} and not killed within {PAUSE_LIMIT_SECONDS} s", file=sys.stderr)
         os._exit(3)

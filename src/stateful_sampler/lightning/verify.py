@@ -7,17 +7,24 @@ ends with bitwise-equal weights; or shows where the two first diverge. Exit code
 Every run uses the config's int ``seed_everything`` (0 when it is random or off), ``deterministic``,
 no logger and no progress bar, and writes its checkpoints into the work directory, never into the
 config's own folders. The config needs a ``ModelCheckpoint(every_n_train_steps=N, save_last=True)``.
+Exit code 2 (with a one-line reason) means verify could not run; SIGTERM stops every run it started.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
+from contextlib import contextmanager
+from types import FrameType
+from typing import Iterator
 
 from stateful_sampler.lightning.compare import ResumeReport
-from stateful_sampler.lightning.resume_check import DEFAULT_TIMEOUT, check_resume
+from stateful_sampler.lightning.resume_check import DEFAULT_TIMEOUT, check_resume, check_timeout
 from stateful_sampler.lightning.runner import TrainingRunError
 
 EXIT_EQUAL, EXIT_DIVERGED, EXIT_RUN_FAILED = 0, 1, 2
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,23 +35,57 @@ def main(argv: list[str] | None = None) -> int:
         "--kill-at", type=int, metavar="STEP", help="optimizer steps done when the run is killed (default: mid-run)"
     )
     parser.add_argument("--devices", type=int, metavar="N", help="override trainer.devices (e.g. 2 for CPU DDP)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds allowed per training run")
+    parser.add_argument(
+        "--timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS", help="allowed per run (above 0)"
+    )
     parser.add_argument("--work-dir", help="keep the runs' records, checkpoints and logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     try:
-        report = check_resume(
-            args.config,
-            kill_at=args.kill_at,
-            devices=args.devices,
-            timeout=args.timeout,
-            work_dir=args.work_dir,
-            progress=lambda message: print(message, flush=True),
-        )
+        with _stop_signals_exit():
+            report = check_resume(
+                args.config,
+                kill_at=args.kill_at,
+                devices=args.devices,
+                timeout=args.timeout,
+                work_dir=args.work_dir,
+                progress=lambda message: print(message, flush=True),
+            )
     except (TrainingRunError, FileNotFoundError, ValueError) as error:
         print(f"verify could not complete: {error}")
         return EXIT_RUN_FAILED
     print(format_report(report))
     return EXIT_EQUAL if report.equal else EXIT_DIVERGED
+
+
+def _seconds(text: str) -> float:
+    try:
+        return check_timeout(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds above 0, got {text!r}") from None
+
+
+@contextmanager
+def _stop_signals_exit() -> Iterator[None]:
+    """SIGTERM and SIGHUP become ``SystemExit(128 + signal)``, so the runner's ``finally`` kills the
+    run's process group and the temporary work directory is removed on the way out, as for Ctrl-C.
+    Handlers can only be set from the main thread; elsewhere the signals keep their defaults."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.getsignal(number) for number in _STOP_SIGNALS}
+
+    def stop(number: int, frame: FrameType | None) -> None:
+        for each in _STOP_SIGNALS:  # a second signal must not interrupt the cleanup
+            signal.signal(each, signal.SIG_IGN)
+        raise SystemExit(128 + number)
+
+    for number in _STOP_SIGNALS:
+        signal.signal(number, stop)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def format_report(report: ResumeReport) -> str:

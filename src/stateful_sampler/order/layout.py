@@ -2,9 +2,14 @@
 
 The data is one stream of permutations: pass p occupies stream positions [p*N, (p+1)*N) and
 holds the permutation of pass p. An epoch is a run of *global positions* 0..length-1 mapped
-onto that stream; rank r takes the global positions r, r+W, r+2W, ... (as torch's
+onto that stream. The ranks stride through a *segment* of it: rank r takes the global positions
+s+r, s+r+W, s+r+2W, ... from the segment start s (0 for an epoch begun from its start, as torch's
 DistributedSampler does), so a step of per-rank batch B consumes one contiguous block of B*W
-global positions. Everything here is integer arithmetic: O(1) per question, whatever N is.
+global positions. A resume starts a new segment at the saved position, laid out on the ranks and
+batch size of the resumed run: this is what makes a resume elastic (docs/core.md).
+
+Stream positions are kept relative to the epoch's own pass (``epoch * N`` itself may pass int64
+for huge N); everything here is integer arithmetic, O(1) per question, whatever N is.
 """
 
 from __future__ import annotations
@@ -13,6 +18,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
+
+MAX_EPOCH = (1 << 62) - 1  # keys carry the pass index as an int64, and a pass index seeds a permutation
+MAX_RANKS = 1 << 30  # with MAX_BATCH: a global batch below 2**60, so pass-relative offsets fit int64
+MAX_BATCH = 1 << 30
 
 
 class Tail(str, Enum):
@@ -41,64 +50,106 @@ def carry_epoch_start(size: int, global_batch: int, epoch: int, anchor_epoch: in
 
 @dataclass(frozen=True)
 class EpochLayout:
-    """One epoch of one policy: its length in global positions and their stream positions."""
+    """One epoch of one policy as the current ranks take it: its length in global positions, the
+    segment the ranks stride through, and the stream positions behind them."""
 
     tail: Tail
     size: int
     world_size: int
+    epoch: int
     stream_start: int  # stream position of global position 0
+    segment_start: int  # global position where the ranks' striding begins (a resume's position)
     length: int
-    pass_end: int  # stream position where the epoch's own permutation ends: (epoch + 1) * N
 
     @classmethod
     def build(
-        cls, tail: Tail, size: int, world_size: int, epoch: int, global_batch: int, carry_start: int
+        cls,
+        tail: Tail,
+        size: int,
+        world_size: int,
+        epoch: int,
+        global_batch: int,
+        carry_start: int,
+        segment_start: int = 0,
+        end: int | None = None,
     ) -> EpochLayout:
-        if tail is Tail.CARRY:
-            end = carry_epoch_start(size, global_batch, epoch + 1, epoch, carry_start)
-            return cls(tail, size, world_size, carry_start, end - carry_start, (epoch + 1) * size)
-        if tail is Tail.PAD:
-            length = -(-size // world_size) * world_size
-        elif tail is Tail.DROP:
-            length = size // world_size * world_size
-        else:
-            length = size
-        return cls(tail, size, world_size, epoch * size, length, (epoch + 1) * size)
+        """The epoch whose positions below ``segment_start`` were consumed before (by any ranks and
+        batch size), with the rest laid out on ``world_size`` ranks; an ``end`` already known (the
+        saving run's, on the same ranks and batch size, or where the epoch finished) is kept.
+
+        The rest always gives every rank the same count, except under ``uneven``: ``pad`` rounds the
+        remaining records up with marked repeats, ``drop`` cuts them down, ``carry`` keeps the whole
+        global batches that fit before the end of the epoch's pass and rolls the rest over.
+        """
+        stream_start = carry_start if tail is Tail.CARRY else epoch * size
+        if end is None:
+            end = segment_start + _remaining(tail, size, world_size, epoch, global_batch, carry_start, segment_start)
+        return cls(tail, size, world_size, epoch, stream_start, segment_start, end)
+
+    @property
+    def pass_end(self) -> int:
+        """Stream position where the epoch's own permutation ends."""
+        return (self.epoch + 1) * self.size
 
     def local_length(self, rank: int) -> int:
-        """How many positions rank ``rank`` takes in this epoch."""
-        return max(0, -(-(self.length - rank) // self.world_size))
+        """How many positions rank ``rank`` takes in this epoch's segment."""
+        return max(0, -(-(self.length - self.segment_start - rank) // self.world_size))
 
-    def local_start(self, rank: int, position: int) -> int:
-        """The first local index of ``rank`` at or after global ``position``."""
-        return max(0, -(-(position - rank) // self.world_size))
+    def local_before(self, rank: int) -> int:
+        """How many positions before the segment rank ``rank`` would have taken, striding from 0 on
+        these ranks: with the segment, the rank's count for the whole epoch."""
+        return max(0, -(-(self.segment_start - rank) // self.world_size))
 
-    def position_after(self, rank: int, origin: int, local_stop: int) -> int:
-        """The global position reached once ``rank`` has taken its local indices below ``local_stop``.
+    def position_after(self, rank: int, local_count: int) -> int:
+        """The global position reached once ``rank`` has taken its first ``local_count`` positions.
 
-        Ranks move in lockstep, so after j local indices the run as a whole is at j*W; a pass that
-        resumed from an ``origin`` between two such points never reports less than it started with.
+        Ranks move in lockstep, so after j local positions the run as a whole is at s + j*W. A rank
+        that has taken its whole share reports the epoch's end: under ``uneven`` the longer ranks take
+        their last position in the same step, so every rank reports the same end.
         """
-        return min(self.length, max(origin, local_stop * self.world_size))
+        if local_count >= self.local_length(rank):
+            return self.length
+        return self.segment_start + local_count * self.world_size
 
     def global_positions(self, rank: int, local_start: int, local_stop: int) -> np.ndarray:
-        """Global positions of ``rank``'s local indices [local_start, local_stop)."""
+        """Global positions of ``rank``'s local indices [local_start, local_stop) of the segment."""
         local = np.arange(local_start, local_stop, dtype=np.int64)
-        return local * self.world_size + rank
+        return local * self.world_size + (self.segment_start + rank)
 
-    def stream_positions(self, positions: np.ndarray) -> np.ndarray:
-        """Stream positions behind global positions; ``pad`` wraps onto the start of its pass."""
+    def pass_offsets(self, positions: np.ndarray) -> np.ndarray:
+        """Stream positions behind global positions, relative to the start of the epoch's own pass
+        (negative for carry's remainder of earlier passes); ``pad`` wraps onto its pass's start."""
         # Only the last round of ranks wraps; skipping the per-element modulo elsewhere saves a
         # noticeable share of iteration time (docs/performance.md).
         if self.tail is Tail.PAD and positions.size and int(positions.max()) >= self.size > 0:
-            return self.stream_start + positions % self.size
-        return self.stream_start + positions
+            return positions % self.size
+        offset = self.stream_start - self.epoch * self.size
+        return positions + offset if offset else positions
 
     def is_padding(self, positions: np.ndarray) -> np.ndarray:
         """Which global positions repeat a record only to even out the ranks."""
         return positions >= self.size if self.tail is Tail.PAD else np.zeros(positions.shape, dtype=bool)
 
-    def unused_stream(self) -> range:
-        """Stream positions of the epoch's own permutation that it does not take: ``drop`` cuts them
-        for good, ``carry`` hands them to the next epoch (all of them when a global batch exceeds N)."""
-        return range(self.stream_start + self.length, max(self.stream_start + self.length, self.pass_end))
+    def unused_offsets(self) -> range:
+        """Pass-relative stream positions of the epoch's own permutation that it does not take:
+        ``drop`` cuts them for good, ``carry`` hands them to the next epoch (all of them when a global
+        batch exceeds N)."""
+        if self.tail not in (Tail.DROP, Tail.CARRY):
+            return range(0)
+        end = self.stream_start - self.epoch * self.size + self.length
+        return range(end, max(end, self.size))
+
+
+def _remaining(
+    tail: Tail, size: int, world_size: int, epoch: int, global_batch: int, carry_start: int, segment_start: int
+) -> int:
+    """Global positions the ranks take from ``segment_start`` to the epoch's end."""
+    if tail is Tail.CARRY:
+        left_in_pass = (epoch + 1) * size - carry_start - segment_start
+        return global_batch * (max(0, left_in_pass) // global_batch)
+    records = max(0, size - segment_start)
+    if tail is Tail.PAD:
+        return -(-records // world_size) * world_size
+    if tail is Tail.DROP:
+        return records // world_size * world_size
+    return records

@@ -76,3 +76,23 @@ def seed_words(seed: int, start: int, stop: int) -> np.ndarray:
     """
     counters = np.arange(start // 2, stop // 2, dtype=np.uint64)
     return mix64_array(counters, mix64(seed), np.empty_like(counters)).view(np.uint32)
+
+
+def sample_seeds(seeds: np.ndarray, epochs: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """``sample_seed`` over uint64 arrays at once: a batch's seeds for the price of a few NumPy calls."""
+    state = np.full(np.broadcast(seeds, epochs, indices).shape, mix64(int(Domain.SAMPLE)), dtype=np.uint64)
+    for words in (seeds, epochs, indices):
+        state = mix64_array(state ^ words, 0, state)
+    return state
+
+
+def seed_word_rows(seeds: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """``seed_words`` for a uint64 array of seeds: row ``i`` holds ``seed_words(seeds[i], start, stop)``."""
+    rows = np.arange(start // 2, stop // 2, dtype=np.uint64) ^ mix64_array(seeds, 0, np.empty_like(seeds))[:, None]
+    return mix64_array(rows, 0, rows).view(np.uint32)
+
+
+def extend_seed(prefix: int, word: int) -> int:
+    """``derive_seed(domain, *words, word)`` given ``prefix = derive_seed(domain, *words)``: one more word folded in
+    (``word`` in [0, 2**64)), so a caller deriving many seeds that share their first words derives those once."""
+    return mix64(prefix ^ word)

@@ -1,0 +1,40 @@
+"""Make a checkpoint's fit-loop state agree with ``SamplerCheckpoint``'s before Lightning reads it.
+
+Two things in a Lightning checkpoint contradict the position the callback saved:
+
+- A fit that stops mid-epoch on ``max_steps`` (or ``should_stop``) still runs the epoch-end step
+  of its fit loop, so a checkpoint written then, or by ``trainer.save_checkpoint`` after ``fit``
+  returned, counts the epoch as processed while its batch progress is mid-epoch. Resumed, Lightning
+  runs the rest of the epoch but calls ``set_epoch`` with the next epoch's number, and counts one
+  epoch too many from then on (``max_epochs`` stops a whole epoch early). The stopped epoch is
+  marked unfinished, as a mid-epoch step checkpoint would have it.
+- A loader with its own ``state_dict`` (torchdata's ``StatefulDataLoader``) saves a second
+  position, which Lightning restores into the same sampler, at another moment, and not at all when
+  ``estimated_stepping_batches`` was read early (#20550). Its saved state is dropped, so the
+  callback's position is the only one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def mark_epoch_unfinished(checkpoint: dict[str, Any], epoch: int) -> None:
+    """Count ``epoch``, whose batches the checkpoint's batch progress holds, as not yet processed."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress")
+    if progress is None:
+        return
+    for tracker in (progress["total"], progress["current"]):
+        if tracker["processed"] > epoch:
+            tracker["processed"] = tracker["completed"] = epoch
+
+
+def drop_loader_states(checkpoint: dict[str, Any], indices: list[int]) -> None:
+    """Empty the saved states of the loaders at ``indices`` (an empty state restores nothing)."""
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    states = fit_loop.get("state_dict", {}).get("combined_loader")
+    if not states:
+        return
+    for index in indices:
+        if index < len(states):
+            states[index] = {}

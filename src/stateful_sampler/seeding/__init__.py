@@ -1,0 +1,30 @@
+"""Seeding the randomness of data loading, per DataLoader worker or per sample.
+
+An exact data order is not enough: a resumed run must also draw the same crops, flips and noise.
+PyTorch seeds worker ``w`` with ``base_seed + w``, where ``base_seed`` comes from the main process's
+global RNG, and hands batch ``i`` to worker ``i mod W``; so worker streams neither survive a resume
+nor line up across worker counts. Here every seed is derived from saved, structured words (see
+``order.mixing``), and every stream depends on all 64 bits of its seed.
+
+- ``seed_worker(sampler)``: each worker's streams come from (seed, epoch, rank, worker id). Enough
+  for an exact restart at an epoch boundary with the same worker count.
+- ``SeededDataset(dataset)``: each sample's streams come from (seed, epoch, index). Exact after a
+  mid-epoch resume, and whatever the worker count or world size.
+"""
+
+from stateful_sampler.seeding.dataset import SeededDataset
+from stateful_sampler.seeding.process_rngs import GLOBAL_RNGS, GlobalRNGThreadError
+from stateful_sampler.seeding.streams import _TORCH_GENERATOR, SampleRNG, seed_globals
+from stateful_sampler.seeding.worker import WorkerSeeder, WorkerSeeds, seed_worker
+
+__all__ = [
+    "GLOBAL_RNGS",
+    "GlobalRNGThreadError",
+    "SampleRNG",
+    "SeededDataset",
+    "WorkerSeeder",
+    "WorkerSeeds",
+    "_TORCH_GENERATOR",
+    "seed_globals",
+    "seed_worker",
+]
