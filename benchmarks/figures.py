@@ -255,6 +255,115 @@ def seeding_overhead(full: bool, run: RunCase, figures: Figures) -> None:
                 figures.checks.append(Check(target, f"{added:.2f} µs", added <= limit))
 
 
+def mixtures_and_lengths(full: bool, run: RunCase, figures: Figures) -> None:
+    """Issue 11: Mixture resume and memory at 10^9 draws against Megatron's blended-index build (NumPy,
+    timed on a prefix and scaled), and LengthGrouped against HF's LengthGroupedSampler algorithm."""
+    from benchmarks import cases_mixture as mixture
+
+    figure = "mixture: 100 sources, 10^9 draws; load state at the middle + first batch of 256"
+    ours = mixture.run("mixture_resume", repeats=5)
+    note = f"construction {ours['construction_seconds'] * 1e3:.0f} ms (one period of {ours['period']} positions)"
+    peak = ours["peak_mib_above_baseline"]
+    figures.rows.append(Row(figure, "10^9 draws", "ours: Mixture", ours["seconds"] * 1e3, "ms", peak, note))
+    resumed = f"{ours['seconds'] * 1e3:.2f} ms"
+    figures.checks.append(Check("mixture resume ≤ 10 ms at 10^9", resumed, ours["seconds"] <= 0.010))
+    figures.checks.append(Check("mixture memory ≤ 64 MB at 10^9", f"{peak:.1f} MiB", peak <= 64))
+    size = 10**8
+    megatron = mixture.run("megatron_build", size=size, timed_steps=200_000 if full else 20_000)
+    figure = "mixture: index build before the first batch, 10^8 draws of 100 sources"
+    note = f"greedy loop timed over {megatron['timed_steps']} samples, scaled to 10^8"
+    figures.rows.append(Row(figure, "10^8 draws", "Megatron build_blending_indices (NumPy)", megatron["seconds"], "s",
+                            megatron["peak_mib_above_baseline"], note))  # fmt: skip
+    figures.rows.append(Row(figure, "10^8 draws", "ours: Mixture (one period table, O(draws) never)",
+                            ours["construction_seconds"], "s", peak, "construction at 10^9 draws, from the row above"))  # fmt: skip
+    size = 10**7 if full else 10**6
+    lengths = mixture.run("length_grouped", size=size, batch_size=32, megabatch=50)
+    case = f"{_label(size)}, log-normal lengths, batch 32/rank, megabatch 50"
+    labels = {"ours": "ours: LengthGrouped", "hf": "HF LengthGroupedSampler algorithm", "uniform": "uniform order"}
+    for name, seconds in lengths["seconds_per_index"].items():
+        figures.rows.append(Row("length-grouped: per-index cost of one epoch", case, labels[name], seconds * 1e9, "ns"))
+    for ranks, waste in lengths["padding_waste"].items():
+        for name, share in waste.items():
+            figures.rows.append(Row("length-grouped: padding waste (padding / total tokens)",
+                                    f"{case}, {ranks} rank(s)", labels[name], share * 100, "%"))  # fmt: skip
+    ours_waste, hf_waste = lengths["padding_waste"]["4"]["ours"], lengths["padding_waste"]["4"]["hf"]
+    figures.checks.append(Check("LengthGrouped padding waste within 1 point of HF's (4 ranks)",
+                                f"{ours_waste:.1%} vs {hf_waste:.1%}", ours_waste <= hf_waste + 0.01))  # fmt: skip
+
+
+def weighted_and_stratified(full: bool, run: RunCase, figures: Figures) -> None:
+    """Issue 10: Weighted and Stratified per-index cost against torch's WeightedRandomSampler and plain NumPy
+    per-epoch orders, resume at N/2 (construction excluded: a fresh start pays it too), and peak memory."""
+    from benchmarks import cases_strata as strata
+
+    size = 10**7 if full else 10**6
+    case = f"{_label(size)}, 10 classes of geometric sizes"
+    cost = f"weighted/stratified: per-index cost of one epoch (pass set-up included), {case}"
+    pairs = (("weighted", "torch-weighted"), ("weighted-no-replacement", "torch-weighted-no-replacement"),
+             ("proportional", "numpy-proportional"), ("balanced", "numpy-balanced"))  # fmt: skip
+    for strategy, system in pairs:
+        ours = strata.run("ours", size=size, strategy=strategy)
+        note = f"construction {ours['construction_seconds']:.2f} s; the user's arrays {ours['user_mib']:.0f} MiB"
+        figures.rows.append(Row(cost, strategy, f"ours: {strategy}", ours["seconds_per_index"] * 1e9, "ns",
+                                ours["peak_mib_above_baseline"], note))  # fmt: skip
+        other = strata.run("anchor", size=size, system=system)
+        figures.rows.append(Row(cost, strategy, system, other["seconds_per_index"] * 1e9, "ns",
+                                other["peak_mib_above_baseline"]))  # fmt: skip
+        resumed = strata.run("resume", size=size, strategy=strategy)
+        note = "one pass set-up (sort of N keys)" if strategy == "weighted-no-replacement" else ""
+        figures.rows.append(Row(f"weighted/stratified: load state at N/2 + first batch of 256, {case}", strategy,
+                                f"ours: {strategy}", resumed["seconds"] * 1e3, "ms", resumed["peak_mib_above_baseline"],
+                                note))  # fmt: skip
+        if strategy != "weighted-no-replacement":
+            figures.checks.append(Check(f"{strategy} resume at N/2 ≤ 10 ms ({_label(size)})",
+                                        f"{resumed['seconds'] * 1e3:.2f} ms", resumed["seconds"] <= 0.010))  # fmt: skip
+
+
+def groups_and_bands(full: bool, run: RunCase, figures: Figures) -> None:
+    """Issue 10: Grouped and Curriculum per-index cost against plain NumPy per-epoch orders (a group permutation
+    plus concat, a per-band permutation plus concat), resume at N/2, and peak memory against the user's array."""
+    from benchmarks import cases_sequences as sequences
+
+    size = 10**7
+    case = f"{_label(size)}, sequences of 1..199 records (mean 100) / 5 bands"
+    cost = f"grouped/curriculum: per-index cost of one epoch (pass set-up included), {case}"
+    pairs = (("grouped", "numpy-grouped"), ("grouped-shuffle-within", None), ("curriculum", "numpy-curriculum"))
+    for strategy, system in pairs:
+        ours = sequences.run("ours", size=size, strategy=strategy)
+        note = f"construction {ours['construction_seconds']:.2f} s; the user's array {ours['user_mib']:.0f} MiB"
+        figures.rows.append(Row(cost, strategy, f"ours: {strategy}", ours["seconds_per_index"] * 1e9, "ns",
+                                ours["peak_mib_above_baseline"], note))  # fmt: skip
+        if system is not None:
+            other = sequences.run("anchor", size=size, system=system)
+            figures.rows.append(Row(cost, strategy, system, other["seconds_per_index"] * 1e9, "ns",
+                                    other["peak_mib_above_baseline"]))  # fmt: skip
+        resumed = sequences.run("resume", size=size, strategy=strategy)
+        figures.rows.append(Row(f"grouped/curriculum: load state at N/2 + first batch of 256, {case}", strategy,
+                                f"ours: {strategy}", resumed["seconds"] * 1e3, "ms", resumed["peak_mib_above_baseline"]))
+        figures.checks.append(Check(f"{strategy} resume at N/2 ≤ 10 ms ({_label(size)})",
+                                    f"{resumed['seconds'] * 1e3:.2f} ms", resumed["seconds"] <= 0.010))  # fmt: skip
+        if strategy == "grouped":
+            extra = ours["peak_mib_above_baseline"] - ours["user_mib"]
+            figures.checks.append(Check(f"grouped memory beyond the user's array is O(G) ({ours['groups']} groups)",
+                                        f"{extra:.0f} MiB", extra <= 0.25 * ours["user_mib"]))  # fmt: skip
+
+
+def framework_resume(full: bool, run: RunCase, figures: Figures) -> None:
+    """Issue 12: the HF Trainer resumed at a late step of a large epoch, with its own skip and with ResumableTrainer."""
+    from benchmarks import cases_frameworks as frameworks
+
+    size, step = (10**7, 300_000) if full else (10**6, 30_000)
+    result = frameworks.hf_resume(size, step)
+    figure = "HF Trainer resume: s from train() to the first step after the checkpoint (tiny GPT-2, batch 32)"
+    case = f"{_label(size)}, step {step} of {result['batches_per_epoch']}"
+    for system, seconds in result["seconds"].items():
+        figures.rows.append(Row(figure, case, system, seconds, "s"))
+    ours, fresh, stock = (result["seconds"][name] for name in (frameworks.OURS, frameworks.FRESH, frameworks.STOCK))
+    figures.checks.append(Check(f"{case}: ResumableTrainer resumes within 0.5 s of a fresh start",
+                                f"{ours - fresh:+.2f} s", ours - fresh <= 0.5))  # fmt: skip
+    figures.checks.append(Check(f"{case}: faster than the Trainer's skip", f"{stock / ours:.1f}x", ours < stock))
+
+
 FIGURES: dict[str, Callable[[bool, RunCase, Figures], None]] = {
     "resume": resume_latency,
     "memory": epoch_order,
@@ -263,4 +372,8 @@ FIGURES: dict[str, Callable[[bool, RunCase, Figures], None]] = {
     "state": state_size,
     "stream": stream_shards,
     "seeding": seeding_overhead,
+    "mixture": mixtures_and_lengths,
+    "strata": weighted_and_stratified,
+    "sequences": groups_and_bands,
+    "frameworks": framework_resume,
 }

@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from stateful_sampler.lightning.compare import ResumeReport
-from stateful_sampler.lightning.recorder import BatchRecord
-from stateful_sampler.lightning.resume_check import check_resume
+from stateful_sampler.verify.compare import ResumeReport
+from stateful_sampler.verify.recorder import BatchRecord
+from stateful_sampler.verify.resume_check import check_resume
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digits.yaml"
 SHOWN_STEPS = 8  # rows of the per-step table, from the checkpoint the run resumed from

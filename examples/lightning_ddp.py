@@ -19,8 +19,8 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from stateful_sampler import StatefulSampler
 from stateful_sampler.lightning import SamplerCheckpoint
-from stateful_sampler.lightning.datamodule import DigitsDataModule
-from stateful_sampler.lightning.model import DigitsClassifier
+from stateful_sampler.demo.datamodule import DigitsDataModule
+from stateful_sampler.demo.model import DigitsClassifier
 
 
 class ShowShard(Callback):

@@ -17,8 +17,8 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from stateful_sampler.lightning import SamplerCheckpoint
-from stateful_sampler.lightning.datamodule import DigitsDataModule
-from stateful_sampler.lightning.model import DigitsClassifier
+from stateful_sampler.demo.datamodule import DigitsDataModule
+from stateful_sampler.demo.model import DigitsClassifier
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -56,7 +56,7 @@ def test_json_output_is_the_report_and_lightning_is_never_imported():
     assert [len(epoch["dropped_by_tail"]) for epoch in data["epochs"]] == [1, 1]
     assert data["settings"] == {"size": 10, "world_size": 3, "seed": 4, "shuffle": True, "tail": "drop", "order": "fast",
                                 "sampler_batch_size": 3, "batch_size": 3, "drop_last": True, "num_workers": 0,
-                                "start_epoch": 0, "epochs": 2}
+                                "start_epoch": 0, "epochs": 2, "strategy": "uniform"}
 
 
 def test_the_console_script_writes_a_png(tmp_path):
@@ -84,7 +84,7 @@ def test_more_ranks_than_records_under_drop_exits_non_zero_with_the_message():
     ("args", "message"),
     [
         (["--size", "10", "--batch-size", "0"], "batch_size must be at least 1"),  # the limit is the sampler's
-        (["--batch-size", "4"], "--size is required (or --config CONFIG.yaml)"),
+        (["--batch-size", "4"], "--size is required (or --labels FILE.npy, or --config CONFIG.yaml)"),
         (["--size", "10", "--world-size", "0", "--batch-size", "1"],
          "world_size must be at least 1 and at most 65536, got 0"),
         (["--size", "10", "--batch-size", "2", "--epochs", "0"], "epochs must be at least 1, got 0"),
@@ -161,7 +161,7 @@ def test_config_audits_the_train_loader_of_a_lightning_cli_config(tmp_path):
     data = json.loads(result.stdout)
     assert data["settings"] == {"size": 9, "world_size": 2, "seed": 3, "shuffle": True, "tail": "pad",
                                      "order": "fast", "sampler_batch_size": 4, "batch_size": 4, "drop_last": False,
-                                     "num_workers": 0, "start_epoch": 0, "epochs": 1}
+                                     "num_workers": 0, "start_epoch": 0, "epochs": 1, "strategy": "uniform"}
     # 9 records on 2 ranks pad to 10: 5 per rank, batches of 4 and 1.
     assert [rank["last_batch_size"] for rank in data["epochs"][0]["ranks"]] == [1, 1]
     assert data["epochs"][0]["occurrences"] == 10 and data["epochs"][0]["distinct"] == 9

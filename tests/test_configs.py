@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from stateful_sampler import StatefulSampler
 from stateful_sampler.lightning import SamplerCheckpoint
-from stateful_sampler.lightning.config import build_train_dataloader, load_cli
+from stateful_sampler.verify.lightning_cli.config import build_train_dataloader, load_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 FRESH, RESUME = ROOT / "configs" / "digits.yaml", ROOT / "configs" / "resume.yaml"
@@ -43,7 +43,7 @@ def test_fit_then_resume_commands(tmp_path: Path) -> None:
     def fit(*configs: Path, max_steps: int) -> str:
         arguments = [argument for config in configs for argument in ("--config", str(config))]
         done = subprocess.run(
-            [sys.executable, "-m", "stateful_sampler.lightning", "fit", *arguments, f"--trainer.max_steps={max_steps}"],
+            [sys.executable, "-m", "stateful_sampler.demo", "fit", *arguments, f"--trainer.max_steps={max_steps}"],
             capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr

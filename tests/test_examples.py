@@ -68,3 +68,49 @@ def test_parquet_stream_is_killed_resumed_and_reports_identical_runs() -> None:
     assert "identical final weights: yes, bitwise\n" in out
     assert "verdict:                 IDENTICAL\n" in out
     assert "\n       64          1797     0.06 TV" in out  # the table ends at a window of every shard
+
+
+def test_imbalanced_trains_stratified_and_resumes_a_sigkilled_run_exactly(tmp_path: Path) -> None:
+    out = run_example("imbalanced.py", "--plot", str(tmp_path / "composition.png"))
+    recall = {line.split(":")[0].strip(): float(line.split("recall ")[1][:4]) for line in out.splitlines()
+              if "minority recall" in line}  # fmt: skip
+    assert recall["stratified"] > recall["uniform"] + 0.3  # the balanced windows draw the 5% class as often as any
+    assert "and resumed: 160 of 160 batches compared, final weights identical: True\n" in out
+    assert "verdict: IDENTICAL\n" in out
+    assert (tmp_path / "composition.png").stat().st_size > 0
+
+
+def test_mixture_is_killed_resumed_and_reports_its_source_shares(tmp_path: Path) -> None:
+    out = run_example("mixture.py", "--plot", str(tmp_path / "mixture.png"))
+    assert "killed with SIGKILL after step 43 (exit -9); resuming from the checkpoint at step 40\n" in out
+    assert "identical batches:       64 of 64\n" in out
+    assert "verdict:                 IDENTICAL\n" in out
+    assert "source shares of the batches trained on: A 0.5000, B 0.3000, C 0.2000\n" in out
+    assert "     2   0.2000    0.2000   0.2000       2\n" in out  # 400 draws of the 200-record source: 2 passes
+    assert (tmp_path / "mixture.png").stat().st_size > 10_000
+
+
+LAUNCH_2 = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+ACCELERATE_2 = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "kill_at", "compared"),
+    [
+        pytest.param([sys.executable, "examples/fabric_train.py"], 17, "52 (26 steps x 2 rank(s)), identical: 52", id="fabric"),
+        pytest.param([*ACCELERATE_2, "examples/accelerate_train.py"], 17, "52 (26 steps x 2 rank(s)), identical: 52", id="accelerate"),
+        pytest.param([*LAUNCH_2, "examples/hf_trainer.py"], 22, "68 (34 steps x 2 rank(s)), identical: 68", id="hf_trainer"),
+        pytest.param([*LAUNCH_2, "examples/dcp_train.py"], 17, "52 (26 steps x 2 rank(s)), identical: 52", id="dcp"),
+    ],
+)  # fmt: skip
+def test_framework_example_on_two_processes_is_verified_equal_after_a_sigkill_mid_epoch(
+    command: list[str], kill_at: int, compared: str
+) -> None:
+    verify = [sys.executable, "-m", "stateful_sampler.cli", "verify", "--kill-at", str(kill_at), "--"]
+    done = subprocess.run([*verify, *command, "--root", "{run_dir}"], capture_output=True, text=True, timeout=TIMEOUT,
+                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"killed after step {kill_at}; resumed from the checkpoint at step {kill_at // 5 * 5}\n" in done.stdout
+    assert f"batches compared: {compared}\n" in done.stdout
+    assert "EQUAL: the killed and resumed run trained on exactly the batches" in done.stdout

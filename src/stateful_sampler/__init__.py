@@ -2,25 +2,40 @@
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.keys import KeyedDataset, SampleKey
-from stateful_sampler.order.layout import Tail
-from stateful_sampler.orders import Order
-from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
+from stateful_sampler.loader import ResumableLoader
+from stateful_sampler.order.curriculum import Curriculum
+from stateful_sampler.order.grouped import Grouped
+from stateful_sampler.order.length_grouped import LengthGrouped
+from stateful_sampler.order.mixture import Mixture
+from stateful_sampler.order.policies import Order, Tail
+from stateful_sampler.order.strategy import Strategy, Uniform
+from stateful_sampler.order.stratified import Stratified
+from stateful_sampler.order.weighted import Weighted
+from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.seeding import GlobalRNGThreadError, SampleRNG, SeededDataset, seed_worker
 from stateful_sampler.state import SamplerState
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Curriculum",
     "GlobalRNGThreadError",
+    "Grouped",
     "IncompatibleStateError",
     "KeyedDataset",
+    "LengthGrouped",
+    "Mixture",
     "Order",
+    "ResumableLoader",
     "SampleKey",
     "SampleRNG",
     "SamplerState",
     "SeededDataset",
     "StatefulSampler",
+    "Strategy",
+    "Stratified",
     "Tail",
-    "add_pass_start_hook",
+    "Uniform",
+    "Weighted",
     "seed_worker",
 ]

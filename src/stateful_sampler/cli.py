@@ -9,7 +9,7 @@ import sys
 
 COMMANDS = {
     "audit": ("stateful_sampler.audit.cli", "report what each epoch really feeds the model"),
-    "verify": ("stateful_sampler.lightning.verify", "prove that a killed and resumed run equals an uninterrupted one"),
+    "verify": ("stateful_sampler.verify.cli", "prove that a killed and resumed run equals an uninterrupted one"),
 }
 
 

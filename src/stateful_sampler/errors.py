@@ -1,4 +1,4 @@
-"""The errors a user can act on."""
+"""The errors a user can act on, all in one place; each module that raises one re-exports it."""
 
 from __future__ import annotations
 
@@ -14,3 +14,33 @@ class IncompatibleStateError(ValueError):
         self.current = current
         detail = f": {reason}" if reason else ""
         super().__init__(f"state field {field!r}: saved {saved!r}, expected {current!r}{detail}")
+
+
+class SamplerNotFoundError(TypeError):
+    """The loader has no ``StatefulSampler`` where a ``DataLoader`` keeps its sampler."""
+
+
+class DoubleShardingError(ValueError):
+    """Both the ``StatefulSampler`` and a framework wrapper split the data between processes."""
+
+
+class SamplerSetupError(ValueError):
+    """A train loader that ``SamplerCheckpoint`` cannot resume exactly; the message names the fix."""
+
+
+class GlobalRNGThreadError(RuntimeError):
+    """A load that would seed the process-wide RNGs, from a thread other than the main thread."""
+
+
+class ShardReadError(OSError):
+    """A shard could not be read; the message names the file. Nothing already delivered is lost:
+    the stream reads a window's rows before yielding any of them, and the position a loop saves
+    counts only the batches it received."""
+
+
+class ConfigError(ValueError):
+    """A LightningCLI config that is missing, not YAML, or that LightningCLI refuses."""
+
+
+class TrainingRunError(RuntimeError):
+    """A training subprocess failed, overstayed its timeout, or never reached the kill point."""

@@ -20,9 +20,11 @@ from torch.utils.data import DistributedSampler
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout, Tail, carry_epoch_start
+from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout, carry_epoch_start
+from stateful_sampler.order.policies import Order, Tail
+from stateful_sampler.order.strategy import Strategy, Uniform
 from stateful_sampler.order.permutation import MAX_SIZE
-from stateful_sampler.orders import MAX_TORCH_SIZE, Order, StreamRecords
+from stateful_sampler.records import MAX_TORCH_SIZE, StreamRecords
 from stateful_sampler.state import STATE_VERSION, SamplerState
 
 _FIRST_BLOCK = 1024  # small, so the first batch after a resume is quick
@@ -88,6 +90,8 @@ class StatefulSampler(DistributedSampler):
         order: ``"fast"`` (O(block) bijection) or ``"torch"`` (exactly ``DistributedSampler``).
         batch_size: per-rank batch; needed by ``carry`` and to count consumed batches.
         yield_keys: yield ``SampleKey`` s instead of indices (see ``KeyedDataset``).
+        strategy: the order of each pass (``Uniform()`` by default; see ``order.strategy``);
+            ``shuffle`` and ``order`` apply to ``Uniform`` only.
 
     Example:
         >>> sampler = StatefulSampler(10, seed=1, num_replicas=2, rank=0, batch_size=2)
@@ -111,6 +115,7 @@ class StatefulSampler(DistributedSampler):
         order: str = "fast",
         batch_size: int | None = None,
         yield_keys: bool = False,
+        strategy: Strategy | None = None,
     ) -> None:
         self.dataset = data_source
         self.size = _dataset_size(data_source)
@@ -129,10 +134,11 @@ class StatefulSampler(DistributedSampler):
                 f"order='torch' holds randperm(N) in memory: N must be at most {MAX_TORCH_SIZE}, got {self.size}; "
                 f"use order='fast' (O(block) memory)"
             )
-        self._check_ranks()
-        self._records = StreamRecords(self.order, self.shuffle, self.seed, self.size)
+        self.strategy = _checked_strategy(strategy, self.size, self.shuffle, self.order, self.tail)
+        self._records = StreamRecords(self.strategy, self.order, self.seed, self.size)
         self._cursor = _Cursor(epoch=0, position=0, carry_start=0)
         self._pass: _Pass | None = None
+        self._check_ranks()
 
     # -- the ranks, resolved late: a sampler built before init_process_group still shards right
 
@@ -153,9 +159,10 @@ class StatefulSampler(DistributedSampler):
         world_size, rank = self.num_replicas, self.rank
         if rank >= world_size:
             raise ValueError(f"rank must lie in [0, num_replicas) = [0, {world_size}), got {rank}")
-        if self.tail is Tail.DROP and 0 < self.size < world_size:
+        length = self._records.pass_length(self._cursor.epoch)
+        if self.tail is Tail.DROP and 0 < length < world_size:
             raise ValueError(
-                f"tail='drop' with {self.size} records on num_replicas={world_size} ranks would drop "
+                f"tail='drop' with {length} records on num_replicas={world_size} ranks would drop "
                 f"every record: use tail='pad' or 'uneven', or fewer ranks"
             )
 
@@ -215,7 +222,7 @@ class StatefulSampler(DistributedSampler):
             return cursor.carry_start
         current = self._layout(cursor)
         end = current.stream_start + current.length
-        return carry_epoch_start(self.size, self._global_batch(), epoch, cursor.epoch + 1, end)
+        return carry_epoch_start(self._records.pass_length(0), self._global_batch(), epoch, cursor.epoch + 1, end)
 
     def _global_batch(self) -> int:
         return (self.batch_size or 1) * self.num_replicas
@@ -223,7 +230,7 @@ class StatefulSampler(DistributedSampler):
     def _layout(self, cursor: _Cursor) -> EpochLayout:
         return EpochLayout.build(
             self.tail,
-            self.size,
+            self._records.pass_length(cursor.epoch),
             self.num_replicas,
             cursor.epoch,
             self._global_batch(),
@@ -283,7 +290,7 @@ class StatefulSampler(DistributedSampler):
         records = iter(self._records(layout.epoch, offsets).tolist())
         if not self.yield_keys:
             return records, records
-        passes = (offsets // max(self.size, 1) + layout.epoch).tolist()
+        passes = (offsets // max(layout.size, 1) + layout.epoch).tolist()
         padding = layout.is_padding(positions).tolist()
         return records, map(SampleKey, records, repeat(self.seed), passes, positions.tolist(), padding)
 
@@ -362,6 +369,8 @@ class StatefulSampler(DistributedSampler):
             shuffle=self.shuffle,
             tail=self.tail.value,
             order=self.order.value,
+            strategy=self.strategy.name,
+            strategy_fingerprint=self.strategy.fingerprint(),
             epoch=cursor.epoch,
             position=cursor.position,
             carry_start=cursor.carry_start,
@@ -376,11 +385,12 @@ class StatefulSampler(DistributedSampler):
         seed, shuffle, tail or order raises ``IncompatibleStateError`` and leaves this sampler as
         it was."""
         saved = SamplerState.from_dict(state)
-        saved.check_continues(self._state(self._cursor))
+        pass_length = self._records.pass_length(saved.epoch)
+        saved.check_continues(self._state(self._cursor), pass_length, self.strategy.mismatch_hint())
         position = saved.position
         if saved.finished:
             # Past N only padding was left; another world size pads differently, so keep no more than N.
-            position = end = position if self.tail is Tail.CARRY else min(position, self.size)
+            position = end = position if self.tail is Tail.CARRY else min(position, pass_length)
         elif (saved.world_size, saved.batch_size) == (self.num_replicas, self.batch_size):
             end = saved.epoch_end  # the saving run's own layout: exact even from a mid-batch position
         else:
@@ -406,3 +416,21 @@ def _dataset_size(data_source: Any) -> int:
     else:
         raise TypeError(f"data_source must be a sized dataset or an int, got {type(data_source).__name__}")
     return check_int("data_source (its length N)", size, maximum=MAX_SIZE - 1)
+
+
+def _checked_strategy(strategy: Any, size: int, shuffle: bool, order: Order, tail: Tail) -> Strategy:
+    """The sampler's strategy, checked against N and the options that only some strategies take."""
+    if strategy is None:
+        return Uniform(shuffle)
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"strategy must be a Strategy such as Uniform() or Weighted(...), got {type(strategy).__name__}")
+    if isinstance(strategy, Uniform):
+        return Uniform(shuffle)
+    if not shuffle:
+        raise ValueError(f"shuffle=False applies to the Uniform strategy only, not to {strategy!r}")
+    if order is not Order.FAST:
+        raise ValueError(f"order={order.value!r} applies to the Uniform strategy only, not to {strategy!r}")
+    if tail is Tail.CARRY and strategy.passes_vary:
+        raise ValueError(f"tail='carry' needs passes of one length, but {strategy!r} varies them by epoch")
+    strategy.check(size)
+    return strategy

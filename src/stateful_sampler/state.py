@@ -10,17 +10,21 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Mapping
 
 from stateful_sampler.errors import IncompatibleStateError
-from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout, Tail
+from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout
+from stateful_sampler.order.policies import Tail
+from stateful_sampler.order.strategy import Uniform
 from stateful_sampler.order.permutation import MAX_SIZE
 
 # 2 added ``epoch_end``, the end of the saved epoch as the saving run laid it out, so that a state
-# saved at an epoch's end stays there whatever ranks and batch size resume it. Version 1 states
-# (release 0.1.0) still load: their epochs were always laid out from position 0.
+# saved at an epoch's end stays there whatever ranks and batch size resume it, and the strategy
+# with a fingerprint of its arrays. Version 1 states (release 0.1.0) still load: they are uniform,
+# and their epochs were always laid out from position 0.
 STATE_VERSION = 2
 _READABLE_VERSIONS = (1, 2)
 
 # The fields that identify the order: a state with other values here belongs to another order.
-IDENTITY_FIELDS = ("size", "seed", "shuffle", "tail", "order")
+IDENTITY_FIELDS = ("size", "seed", "shuffle", "tail", "order", "strategy", "strategy_fingerprint")
+_ADDED_IN_2 = ("epoch_end", "strategy", "strategy_fingerprint")
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class SamplerState:
     shuffle: bool
     tail: str
     order: str
+    strategy: str  # the strategy's name
+    strategy_fingerprint: str  # a hash of the strategy's arrays and parameters
     epoch: int
     position: int  # global positions of the epoch consumed (a prefix of the epoch's order)
     carry_start: int  # stream position where the epoch starts (``carry``; 0 otherwise)
@@ -54,7 +60,7 @@ class SamplerState:
         version = data.get("version", "<missing>")
         if type(version) is not int or version not in _READABLE_VERSIONS:
             raise IncompatibleStateError("version", version, STATE_VERSION, "unknown state version")
-        expected = {name for name in _FIELD_TYPES if version > 1 or name != "epoch_end"}
+        expected = {name for name in _FIELD_TYPES if version > 1 or name not in _ADDED_IN_2}
         for name in sorted(set(data) - expected):
             raise IncompatibleStateError(name, data[name], "<absent>", f"not a field of state version {version}")
         for name in sorted(expected - set(data)):
@@ -70,31 +76,34 @@ class SamplerState:
                 raise IncompatibleStateError(name, value, f"an int in [{low}, {high}]")
         values = dict(data)
         if version == 1:
-            values["epoch_end"] = _layout(values, segment_start=0).length
+            uniform = Uniform(values["shuffle"])
+            values.update(strategy=uniform.name, strategy_fingerprint=uniform.fingerprint())
+            values["epoch_end"] = _layout(values, values["size"], segment_start=0).length
         return cls(**{**values, "version": STATE_VERSION})
 
-    def layout(self) -> EpochLayout:
-        """The saved epoch's layout from its start on the saving run's ranks (version 1's layout)."""
-        return _layout(self.to_dict(), segment_start=0)
-
-    def check_continues(self, current: SamplerState) -> None:
+    def check_continues(self, current: SamplerState, pass_length: int, hint: str = "") -> None:
         """Refuse a state that cannot continue ``current``'s order: first one of another order (so
-        the error names the field that differs, e.g. a changed size), then an inconsistent cursor."""
+        the error names the field that differs, e.g. a changed size, with the strategy's ``hint`` when
+        only its data changed), then a cursor that does not fit the saved epoch's pass of
+        ``pass_length`` positions."""
         for name in IDENTITY_FIELDS:
             saved, mine = getattr(self, name), getattr(current, name)
             if saved != mine:
-                raise IncompatibleStateError(name, saved, mine, "the state belongs to another order")
-        self._check_cursor()
+                reason = "the state belongs to another order"
+                if hint and name in ("size", "strategy_fingerprint") and self.strategy == current.strategy:
+                    reason = f"{reason}; {hint}"
+                raise IncompatibleStateError(name, saved, mine, reason)
+        self._check_cursor(pass_length)
 
-    def _check_cursor(self) -> None:
+    def _check_cursor(self, pass_length: int) -> None:
         if self.tail == Tail.CARRY.value:
-            if self.carry_start > self.epoch * self.size:
+            if self.carry_start > self.epoch * pass_length:
                 raise IncompatibleStateError(
-                    "carry_start", self.carry_start, f"at most epoch * size = {self.epoch * self.size}"
+                    "carry_start", self.carry_start, f"at most epoch * pass length = {self.epoch * pass_length}"
                 )
         elif self.carry_start != 0:
             raise IncompatibleStateError("carry_start", self.carry_start, 0, "only tail 'carry' uses it")
-        longest = _longest_epoch(self)
+        longest = _longest_epoch(self, pass_length)
         if self.epoch_end > longest:
             raise IncompatibleStateError("epoch_end", self.epoch_end, f"at most {longest}", "beyond any epoch's end")
         if self.position > self.epoch_end:
@@ -103,11 +112,11 @@ class SamplerState:
             )
 
 
-def _layout(values: Mapping[str, Any], segment_start: int) -> EpochLayout:
+def _layout(values: Mapping[str, Any], pass_length: int, segment_start: int) -> EpochLayout:
     world_size = values["world_size"]
     return EpochLayout.build(
         Tail(values["tail"]),
-        values["size"],
+        pass_length,
         world_size,
         values["epoch"],
         (values["batch_size"] or 1) * world_size,
@@ -116,14 +125,14 @@ def _layout(values: Mapping[str, Any], segment_start: int) -> EpochLayout:
     )
 
 
-def _longest_epoch(state: SamplerState) -> int:
+def _longest_epoch(state: SamplerState, pass_length: int) -> int:
     """The longest any layout of the saved epoch can be: carry stops at the end of its pass, pad adds
-    fewer than W repeats, the others never pass N."""
+    fewer than W repeats, the others never pass the pass's length."""
     if state.tail == Tail.CARRY.value:
-        return (state.epoch + 1) * state.size - state.carry_start
-    if state.tail == Tail.PAD.value and state.size:
-        return state.size + state.world_size - 1
-    return state.size
+        return (state.epoch + 1) * pass_length - state.carry_start
+    if state.tail == Tail.PAD.value and pass_length:
+        return pass_length + state.world_size - 1
+    return pass_length
 
 
 _FIELD_TYPES = {field.name: str(field.type) for field in fields(SamplerState)}

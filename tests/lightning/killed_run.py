@@ -17,9 +17,7 @@ from typing import Any
 warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from lightning.pytorch import Callback, Trainer  # noqa: E402
-
-from tests.lightning.lightning_harness import Setup, fit  # noqa: E402
+from tests.lightning.lightning_harness import Callback, Setup, Trainer, fit  # noqa: E402
 from tests.lightning.stop_modes import KILL_AT, STOP_SETUP, every_4_steps  # noqa: E402
 
 

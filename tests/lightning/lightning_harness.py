@@ -7,6 +7,7 @@ equal, exactly, the record of the run that went on uninterrupted.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -14,13 +15,40 @@ from typing import Any, Sequence
 import pytest
 import torch
 import torch.distributed as dist
-from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from stateful_sampler import KeyedDataset, StatefulSampler
-from stateful_sampler.lightning import SamplerCheckpoint
+
+# The package under test: lightning.pytorch, or the classic pytorch_lightning when this variable says
+# so (.ci/run runs the callback tests under both). Tests take Lightning's classes from here.
+PACKAGE_ENV = "STATEFUL_SAMPLER_TEST_PACKAGE"
+PACKAGE = os.environ.get(PACKAGE_ENV, "lightning")
+if PACKAGE == "pytorch_lightning":
+    from lightning_fabric.utilities.distributed import DistributedSamplerWrapper
+    from pytorch_lightning import Callback, LightningModule, Trainer, seed_everything
+    from pytorch_lightning import __version__ as VERSION
+    from pytorch_lightning.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+    from pytorch_lightning.strategies import SingleDeviceStrategy
+
+    from stateful_sampler.pytorch_lightning import SamplerCheckpoint
+elif PACKAGE == "lightning":
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+    from lightning import __version__ as VERSION
+    from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+    from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from stateful_sampler.lightning import SamplerCheckpoint
+else:
+    raise ValueError(f"{PACKAGE_ENV} must be 'lightning' or 'pytorch_lightning', got {PACKAGE!r}")
+RELEASE = tuple(int(part) for part in VERSION.split(".")[:2])  # Lightning < 2.5 restarts loops otherwise
+
+__all__ = [
+    "Callback", "DistributedSamplerWrapper", "LightningModule", "ModelCheckpoint", "OnExceptionCheckpoint",
+    "RELEASE", "SamplerCheckpoint", "SingleDeviceStrategy", "Trainer", "seed_everything",
+]  # fmt: skip
 
 
 class IndexDataset(Dataset):

@@ -16,10 +16,19 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
-from tests.lightning.lightning_harness import RecordingModel, SaveAt, Setup, fit, make_trainer
+from tests.lightning.lightning_harness import (
+    Callback,
+    ModelCheckpoint,
+    OnExceptionCheckpoint,
+    RecordingModel,
+    SaveAt,
+    Setup,
+    Trainer,
+    fit,
+    make_trainer,
+    seed_everything,
+)
 
 STOP_SETUP = Setup(max_epochs=3)
 KILL_AT = 10  # after the checkpoint of step 8

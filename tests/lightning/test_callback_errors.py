@@ -6,12 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from torch.utils.data import DataLoader, RandomSampler
 
 from stateful_sampler import IncompatibleStateError, StatefulSampler
 from stateful_sampler.lightning import SamplerSetupError
-from tests.lightning.lightning_harness import WORKERS, IndexDataset, SaveAt, Setup, fit, model_with
+from tests.lightning.lightning_harness import (
+    WORKERS,
+    DistributedSamplerWrapper,
+    IndexDataset,
+    SaveAt,
+    Setup,
+    fit,
+    model_with,
+)
 
 DATASET = IndexDataset(22)
 

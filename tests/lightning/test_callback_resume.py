@@ -10,14 +10,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import BatchSampler, DataLoader
 
 from stateful_sampler import StatefulSampler
 from tests.lightning.lightning_harness import (
+    RELEASE,
     WORKERS,
+    Callback,
+    ModelCheckpoint,
+    SingleDeviceStrategy,
+    Trainer,
     IndexDataset,
     RecordingModel,
     SaveAt,
@@ -135,7 +137,8 @@ def test_validation_mid_epoch_is_neither_disturbed_nor_given_the_train_state(num
     for done, name in [(1, "validation1"), (3, "validation3")]:
         resumed = fit(setup, ckpt_path=save.saved[name])
         assert resumed.record == uninterrupted.record, f"resumed from {name}"
-        assert resumed.val_record == one_validation * (6 - done), f"resumed from {name}"
+        if RELEASE >= (2, 5):  # Lightning 2.4 runs the interrupted validation's first batch again
+            assert resumed.val_record == one_validation * (6 - done), f"resumed from {name}"
 
 
 TWICE = {

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from stateful_sampler.lightning.recorder import BatchRecord, RunRecord
-from stateful_sampler.lightning.runner import RunSettings, run_and_kill, run_training
+from stateful_sampler.verify.lightning_cli.launch import LightningCLILaunch as RunSettings
+from stateful_sampler.verify.recorder import BatchRecord, RunRecord
+from stateful_sampler.verify.runner import run_and_kill, run_training
 from tests.lightning.verify_harness import digits_config
 
 pytestmark = pytest.mark.slow

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from stateful_sampler import StatefulSampler
 from stateful_sampler.lightning import SamplerSetupError
-from tests.lightning.lightning_harness import WORKERS, SaveAt, Setup, fit
+from tests.lightning.lightning_harness import RELEASE, WORKERS, ModelCheckpoint, SaveAt, Setup, fit
 
 SETUP = Setup(max_epochs=3)  # 22 records, batch 4: 6 steps an epoch
 
@@ -113,6 +112,7 @@ def test_a_stateful_dataloader_resumes_from_sampler_checkpoints_position_not_its
     assert resumed.record == uninterrupted.record
 
 
+@pytest.mark.skipif(RELEASE < (2, 5), reason="a control of Lightning 2.5+'s count; 2.4 miscounts otherwise")
 def test_max_steps_chunks_on_a_stateful_dataloader_without_the_callback_train_the_next_epochs_order(
     tmp_path: Path,
 ) -> None:

@@ -8,13 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import nn
 from torch.utils.data import DataLoader
 
 from stateful_sampler import StatefulSampler
-from stateful_sampler.lightning import SamplerCheckpoint
 from stateful_sampler.seeding import SeededDataset
+from tests.lightning.lightning_harness import Callback, LightningModule, SamplerCheckpoint, Trainer
 from tests.test_seeding_loader import BATCH, EPOCHS, SEED, Augmented, perturb_main_rng, rows_of, uninterrupted
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]

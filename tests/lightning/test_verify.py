@@ -12,10 +12,10 @@ import yaml
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from stateful_sampler.lightning.compare import compare_runs
-from stateful_sampler.lightning.fingerprint import batch_fingerprint, batch_indices
-from stateful_sampler.lightning.recorder import BatchRecord, RunRecord, read_run
-from stateful_sampler.lightning.verify import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
+from stateful_sampler.verify.compare import compare_runs
+from stateful_sampler.verify.fingerprint import batch_fingerprint, batch_indices
+from stateful_sampler.verify.recorder import BatchRecord, RunRecord, read_run
+from stateful_sampler.verify.cli import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
 from stateful_sampler.testing import assert_resume_equal
 from tests.lightning.verify_harness import digits_config
 
@@ -135,8 +135,8 @@ def test_verify_shows_a_missing_class_in_one_line(
     assert capsys.readouterr().out == (
         "uninterrupted run ...\n"
         f"verify could not complete: config '{config}': model: class_path "
-        "'stateful_sampler.lightning.model.NoSuchClassifier' cannot be used: "
-        "module 'stateful_sampler.lightning.model' has no attribute 'NoSuchClassifier'\n"
+        "'stateful_sampler.demo.model.NoSuchClassifier' cannot be used: "
+        "module 'stateful_sampler.demo.model' has no attribute 'NoSuchClassifier'\n"
     )
 
 
@@ -161,8 +161,9 @@ def test_verify_names_a_work_dir_that_is_a_file(tmp_path: Path, capsys: pytest.C
     )
 
 
-def test_assert_resume_equal_names_config_when_it_is_not_a_path() -> None:
-    with pytest.raises(TypeError, match=r"^config must be a path \(str or os.PathLike\), got NoneType None$"):
+def test_assert_resume_equal_names_run_when_it_is_neither_a_path_nor_a_command() -> None:
+    message = r"^run must be a LightningCLI config path \(str or os.PathLike\) or a command \(a list of str\), got NoneType None$"
+    with pytest.raises(TypeError, match=message):
         assert_resume_equal(None)  # type: ignore[arg-type]
 
 

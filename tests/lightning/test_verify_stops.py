@@ -14,8 +14,7 @@ from typing import Callable, TypeVar
 
 import pytest
 
-from stateful_sampler.lightning import lifeline as lifeline_module
-from stateful_sampler.lightning.lifeline import LIFELINE_ENV
+from stateful_sampler.verify.lifeline import LIFELINE_ENV
 from tests.lightning.verify_harness import digits_config
 
 pytestmark = [
@@ -120,12 +119,9 @@ def test_killing_verify_ends_every_process_of_its_run_and_sigterm_removes_its_wo
 
 def test_a_run_whose_verify_is_gone_kills_its_whole_process_group() -> None:
     # The run's first process watches the lifeline; its own child stands for DDP ranks and workers.
-    # lifeline.py is loaded by path: its package would import Lightning, seconds this test does not need.
     program = (
-        "import importlib.util, signal, subprocess, sys\n"
-        "spec = importlib.util.spec_from_file_location('lifeline', sys.argv[1])\n"
-        "lifeline = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(lifeline)\n"
+        "import signal, subprocess, sys\n"
+        "from stateful_sampler.verify import lifeline\n"
         "rank = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'])\n"
         "lifeline.watch_lifeline()\n"
         "print(rank.pid, flush=True)\n"
@@ -133,7 +129,7 @@ def test_a_run_whose_verify_is_gone_kills_its_whole_process_group() -> None:
     )
     lifeline, keep = os.pipe()
     env = {**os.environ, LIFELINE_ENV: str(lifeline)}
-    command = [sys.executable, "-c", program, lifeline_module.__file__]
+    command = [sys.executable, "-c", program]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, env=env, pass_fds=(lifeline,), start_new_session=True)
     os.close(lifeline)
     try:
@@ -152,11 +148,11 @@ def test_a_paused_run_exits_when_no_verify_reads_its_fifo(tmp_path: Path) -> Non
     fifo = tmp_path / "killed.notify"
     os.mkfifo(fifo)
     program = (
-        "import sys, types\n"
+        "import sys\n"
         "from pathlib import Path\n"
-        "from stateful_sampler.lightning.recorder import BatchRecorder\n"
-        "recorder = BatchRecorder(Path(sys.argv[1]), pause_at=3, notify=Path(sys.argv[2]))\n"
-        "recorder._wait_to_be_killed(types.SimpleNamespace(global_rank=0, world_size=1))\n"
+        "from stateful_sampler.verify.recorder import Recorder\n"
+        "recorder = Recorder(Path(sys.argv[1]), pause_at=3, notify=Path(sys.argv[2]))\n"
+        "recorder.wait_to_be_killed(rank=0, world_size=1)\n"
     )
     command = [sys.executable, "-c", program, str(tmp_path / "killed"), str(fifo)]
     paused = subprocess.run(command, capture_output=True, text=True, timeout=GRACE_SECONDS)

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from stateful_sampler import KeyedDataset
-from stateful_sampler.lightning.datamodule import DigitsDataModule, NoisyDigits
+from stateful_sampler.demo.datamodule import DigitsDataModule, NoisyDigits
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_CONFIG = ROOT / "configs" / "digits.yaml"

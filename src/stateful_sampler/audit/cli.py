@@ -1,8 +1,9 @@
 """``stateful-sampler audit``: the coverage audit from the command line.
 
-Describe the run with flags (``--size --world-size --batch-size --tail ...``) or point at a
-LightningCLI config (``--config``), whose train loader's sampler and batch settings are audited.
-Lightning is imported only for ``--config``.
+Describe the run with flags (``--size --world-size --batch-size --tail ...``, and the order's
+``--strategy`` with its ``--labels``/``--weights`` files) or point at a LightningCLI config
+(``--config``), whose train loader's sampler and batch settings are audited. ``--labels`` also adds
+the batch composition per class. Lightning is imported only for ``--config``.
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ import json
 import sys
 from typing import Any
 
+from stateful_sampler.audit.cli_strategy import STRATEGIES, describe
 from stateful_sampler.audit.compute import audit
 from stateful_sampler.audit.report import AuditReport
 from stateful_sampler.audit.setup import AuditConfig, on_rank
 from stateful_sampler.audit.table import render
-from stateful_sampler.order.layout import Tail
-from stateful_sampler.orders import Order
+from stateful_sampler.order.policies import Order, Tail
 from stateful_sampler.sampler import StatefulSampler
 
 _PROG = "stateful-sampler audit"
-_SAMPLER_FLAGS = ("size", "seed", "tail", "order", "shuffle")  # defined by the config under --config
+_SAMPLER_FLAGS = ("size", "seed", "tail", "order", "shuffle", "strategy", "weights", "mode")  # the config's
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
         "--drop-last", action=argparse.BooleanOptionalAction, help="the loader drops a short last batch (default off)"
     )
     run.add_argument("--num-workers", type=int, help="loader workers (reported; they change no count)")
+    run.add_argument("--strategy", choices=STRATEGIES, help="the order of each pass (default uniform)")
+    run.add_argument("--labels", metavar="FILE.npy",
+                     help="one class (group, band) id per record: stratified/grouped/curriculum order by it, "
+                          "and the audit reports each batch's composition")  # fmt: skip
+    run.add_argument("--weights", metavar="FILE.npy", help="one weight per record (--strategy weighted)")
+    run.add_argument("--mode", choices=["proportional", "balanced"], help="--strategy stratified's mode")
     run.add_argument("--config", metavar="CONFIG.yaml", help="audit the train loader of a LightningCLI config")
     audited = parser.add_argument_group("what to audit and how to show it")
     audited.add_argument("--epochs", type=int, default=1, help="epochs to audit (default 1)")
@@ -71,25 +78,34 @@ def _audit(args: argparse.Namespace) -> AuditReport:
         if clashes:
             raise ValueError(f"{', '.join(clashes)} cannot be combined with --config: the config defines the sampler")
         source, loader = _from_config(args.config, args.world_size)
+        described = describe("uniform", args.labels, None, None)  # the labels only, for the composition
     else:
-        if args.size is None:
-            raise ValueError("--size is required (or --config CONFIG.yaml)")
+        described = describe(args.strategy or "uniform", args.labels, args.weights, args.mode)
+        size = args.size
+        if described.labels is not None:
+            if size is not None and size != len(described.labels):
+                raise ValueError(f"--labels must have one entry per record: length {size}, got {len(described.labels)}")
+            size = len(described.labels)
+        if size is None:
+            raise ValueError("--size is required (or --labels FILE.npy, or --config CONFIG.yaml)")
         source = AuditConfig(
-            size=args.size,
+            size=size,
             world_size=1 if args.world_size is None else args.world_size,
             seed=0 if args.seed is None else args.seed,
             shuffle=True if args.shuffle is None else args.shuffle,
             tail=args.tail or Tail.PAD.value,
             order=args.order or Order.FAST.value,
+            strategy=described.strategy,
         )
     given = {"batch_size": args.batch_size, "drop_last": args.drop_last, "num_workers": args.num_workers}
     loader.update({name: value for name, value in given.items() if value is not None})
-    return audit(source, epochs=args.epochs, start_epoch=args.start_epoch, **loader)
+    return audit(source, epochs=args.epochs, start_epoch=args.start_epoch, labels=described.labels,
+                 target=described.target, **loader)  # fmt: skip
 
 
 def _from_config(path: str, world_size: int | None) -> tuple[StatefulSampler, dict[str, Any]]:
     """The config's train loader: its ``StatefulSampler`` and its batch settings."""
-    from stateful_sampler.lightning.config import build_train_dataloader
+    from stateful_sampler.verify.lightning_cli.config import build_train_dataloader
 
     loader = build_train_dataloader(path)
     batch_sampler = loader.batch_sampler

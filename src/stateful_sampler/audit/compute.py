@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
+from stateful_sampler.checks import check_int
+
+from stateful_sampler.audit.composition import FIRST_BATCHES, Labels, compose
 from stateful_sampler.audit.epochs import EpochRecords, count_epoch
 from stateful_sampler.audit.feed import epoch_feed
 from stateful_sampler.audit.mates import FedBatches, count_mates, plan_sample, sample_note, summarise
-from stateful_sampler.audit.report import AuditReport, AuditSettings, EpochReport, RecordCounts
+from stateful_sampler.audit.report import AuditReport, AuditSettings, EpochComposition, EpochReport, RecordCounts
 from stateful_sampler.audit.setup import rank_samplers
 
 
@@ -21,6 +24,9 @@ def audit(
     drop_last: bool = False,
     num_workers: int = 0,
     start_epoch: int = 0,
+    labels: Any = None,
+    target: Mapping[int, float] | None = None,
+    first_batches: int = FIRST_BATCHES,
 ) -> AuditReport:
     """Audit ``epochs`` epochs from ``start_epoch`` of a ``StatefulSampler`` (its world size, its
     loaded state) or of an ``AuditConfig``, fed through per-rank loaders of ``batch_size``.
@@ -29,6 +35,10 @@ def audit(
     ``num_workers`` is recorded only: workers load batches the main process formed, so no count
     depends on it. Counts are exact; batch-mate diversity is exact up to ``mates.PAIR_LIMIT``
     (record, mate) pairs and measured on a stated uniform sample of records beyond.
+
+    ``labels`` (one class, group or band id per record) adds each epoch's batch composition against
+    ``target`` (a share per class; default: the labels' own distribution), the pooled composition of
+    the first ``first_batches`` steps, and a chi-square test of the epoch's class counts.
     """
     settings, samplers = rank_samplers(
         sampler_or_config,
@@ -38,6 +48,9 @@ def audit(
         start_epoch=start_epoch,
         epochs=epochs,
     )
+    classes = None if labels is None else Labels.build(labels, settings.size, target)
+    first_batches = check_int("first_batches", first_batches, minimum=1)
+    compositions: list[tuple[EpochComposition, np.ndarray]] = []
     reports: list[EpochReport] = []
     rows: list[EpochRecords] = []
     fed: list[FedBatches] = []
@@ -48,11 +61,17 @@ def audit(
         rows.append(records)
         compact = feed.fed_records().astype(np.min_scalar_type(max(settings.size - 1, 0)))  # held until the end
         fed.append(FedBatches(compact, feed.batch_sizes()))
-    return _report(settings, reports, rows, fed)
+        if classes is not None:
+            compositions.append(compose(feed, classes, first_batches))
+    return _report(settings, reports, rows, fed, compositions)
 
 
 def _report(
-    settings: AuditSettings, reports: list[EpochReport], rows: list[EpochRecords], fed: list[FedBatches]
+    settings: AuditSettings,
+    reports: list[EpochReport],
+    rows: list[EpochRecords],
+    fed: list[FedBatches],
+    compositions: list[tuple[EpochComposition, np.ndarray]],
 ) -> AuditReport:
     size = settings.size
     occurrences = np.stack([row.occurrences for row in rows])
@@ -86,7 +105,9 @@ def _report(
             padded=np.stack([row.padded for row in rows]),
             dropped=np.stack([row.dropped for row in rows]),
             mates=per_record_mates,
+            composition=tuple(steps for _, steps in compositions),
         ),
+        composition=tuple(report for report, _ in compositions),
     )
 
 

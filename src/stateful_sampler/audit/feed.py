@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stateful_sampler.order.layout import Tail
+from stateful_sampler.order.policies import Tail
 from stateful_sampler.sampler import StatefulSampler
 
 

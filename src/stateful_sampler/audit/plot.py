@@ -29,14 +29,17 @@ def plot(report: AuditReport, path: str | Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError("--plot needs matplotlib: pip install 'stateful-sampler[plot]'") from None
-    figure = plt.figure(figsize=(12, 7.5), layout="constrained")
-    grid = figure.add_gridspec(2, 2, height_ratios=(1.25, 1))
+    rows = 3 if report.composition else 2
+    figure = plt.figure(figsize=(12, 7.5 + 3.5 * (rows - 2)), layout="constrained")
+    grid = figure.add_gridspec(rows, 2, height_ratios=(1.25, 1, 1)[:rows])
     _occurrence_map(figure.add_subplot(grid[0, :]), report)
     _occurrence_histogram(figure.add_subplot(grid[1, 0]), report)
     _mates_histogram(figure.add_subplot(grid[1, 1]), report)
+    if report.composition:
+        _composition(figure.add_subplot(grid[2, :]), report)
     s = report.settings
     figure.suptitle(
-        f"Coverage audit: N={s.size}, {s.world_size} rank(s), tail={s.tail}, batch {s.batch_size}/rank, "
+        f"Coverage audit: N={s.size}, {s.strategy}, {s.world_size} rank(s), tail={s.tail}, batch {s.batch_size}/rank, "
         f"drop_last={s.drop_last}, seed={s.seed}{'' if s.shuffle else ', not shuffled'}",
         fontsize=13,
     )
@@ -132,3 +135,38 @@ def _mates_histogram(axes: Axes, report: AuditReport) -> None:
     axes.set_xlabel(f"distinct records that shared a batch with the record (of N-1 = {most} possible)")
     axes.set_ylabel("records")
     axes.set_title(f"Batch-mate diversity ({scope}; mean {mates.mean:.1f})")
+
+
+_CLASSES_DRAWN = 9  # classes drawn one by one (the largest targets); the rest are drawn as one band
+
+
+def _composition(axes: Axes, report: AuditReport) -> None:
+    """Each global step's batch as stacked class shares, epoch after epoch; dashed: the target's."""
+    first = report.composition[0]
+    target = np.array(first.target)
+    drawn = np.sort(np.argsort(-target, kind="stable")[:_CLASSES_DRAWN])
+    rest = np.setdiff1d(np.arange(len(target)), drawn)
+    steps = np.concatenate(report.counts.composition).astype(np.float64)
+    shares = steps / np.maximum(steps.sum(axis=1, keepdims=True), 1)
+    shares = np.concatenate([shares, shares[-1:]])  # step="post" draws step j over [j, j+1)
+    layers = [shares[:, c] for c in drawn] + ([shares[:, rest].sum(axis=1)] if rest.size else [])
+    names = [f"class {first.classes[c]}" for c in drawn] + ([f"{rest.size} other classes"] if rest.size else [])
+    x = np.arange(len(shares))
+    axes.stackplot(x, layers, labels=names, step="post", alpha=0.85)
+    levels = np.cumsum(target[drawn])
+    for level in levels[levels < 1 - 1e-9]:  # the boundaries between the target's layers
+        axes.axhline(level, color="black", linestyle="--", linewidth=0.8)
+    boundary = 0
+    for epoch in report.composition[:-1]:
+        boundary += epoch.steps
+        axes.axvline(boundary, color="#555555", linewidth=1.2)
+    axes.set_xlim(0, max(len(shares) - 1, 1))
+    axes.set_ylim(0, 1)
+    axes.set_xlabel("global step (batch j of every rank), epoch after epoch")
+    axes.set_ylabel("share of the batch")
+    worst = max(report.composition, key=lambda epoch: epoch.max_step_deviation)
+    axes.set_title(
+        f"Batch composition (dashed: target shares; largest deviation {worst.max_step_deviation:.3f} "
+        f"in epoch {worst.epoch}, step {worst.worst_step})"
+    )
+    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)

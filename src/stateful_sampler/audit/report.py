@@ -29,6 +29,7 @@ class AuditSettings:
     num_workers: int  # reported only: workers load batches the main process formed, so they change no count
     start_epoch: int
     epochs: int
+    strategy: str = "uniform"  # the sampler's strategy (its name)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,24 @@ class EpochReport:
 
 
 @dataclass(frozen=True)
+class EpochComposition:
+    """What the batches of one epoch are made of, per class (or group, or band), against the target."""
+
+    epoch: int
+    classes: tuple[int, ...]
+    target: tuple[float, ...]  # share per class
+    fed: tuple[int, ...]  # occurrences per class over the epoch
+    steps: int  # global steps: batch j of every rank
+    max_step_deviation: float  # largest |share in a step's batch - target| over steps and classes
+    worst_step: int  # the step where it occurs (-1 without steps)
+    first_steps: int  # the first batches pooled (the seed material's check)
+    first_steps_deviation: float  # largest |share in them - target| over classes
+    chi_square: float  # the epoch's class counts against the target (Pearson)
+    degrees_of_freedom: int
+    p_value: float
+
+
+@dataclass(frozen=True)
 class HistogramBin:
     low: int
     high: int  # inclusive
@@ -106,6 +125,7 @@ class RecordCounts:
     padded: np.ndarray  # the record was fed (or cut) as a padding repeat
     dropped: np.ndarray  # the tail policy or drop_last cut an occurrence of the record
     mates: np.ndarray | None  # batch mates per record over all epochs (-1: not measured)
+    composition: tuple[np.ndarray, ...] = ()  # with labels: per epoch, occurrences per (step, class)
 
 
 @dataclass(frozen=True)
@@ -123,6 +143,7 @@ class AuditReport:
     warnings: tuple[str, ...]
     limits: tuple[str, ...]  # where the audit sampled instead of counting everything
     counts: RecordCounts = field(repr=False, compare=False)
+    composition: tuple[EpochComposition, ...] = ()  # with labels: what each epoch's batches are made of
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the per-record arrays, as JSON-ready builtins."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from stateful_sampler.checks import check_bool, check_int
+from stateful_sampler.order.strategy import Strategy
 from stateful_sampler.sampler import StatefulSampler
 
 from stateful_sampler.audit.report import AuditSettings
@@ -34,6 +35,7 @@ class AuditConfig:
     shuffle: bool = True
     tail: str = "pad"
     order: str = "fast"
+    strategy: Strategy | None = None  # the order of each pass (``Uniform()`` when None)
 
 
 def rank_samplers(
@@ -60,6 +62,7 @@ def rank_samplers(
             tail=config.tail,
             order=config.order,
             batch_size=batch_size,
+            strategy=config.strategy,
         )
     else:
         raise TypeError(
@@ -81,6 +84,7 @@ def rank_samplers(
         num_workers=check_int("num_workers", num_workers),
         start_epoch=check_int("start_epoch", start_epoch),
         epochs=check_int("epochs", epochs, minimum=1),
+        strategy=template.strategy.name,
     )
     _check_work(settings)
     occurrences = settings.epochs * max(settings.size, template.layout(settings.start_epoch).length)
@@ -124,6 +128,7 @@ def on_rank(template: StatefulSampler, world_size: int, rank: int) -> StatefulSa
         tail=template.tail,
         order=template.order,
         batch_size=template.batch_size,
+        strategy=template.strategy,
     )
     clone.load_state_dict(template.state_dict())
     return clone

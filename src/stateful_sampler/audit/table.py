@@ -13,7 +13,8 @@ _RANKS_LISTED = 8  # ranks listed one by one before only the range is shown
 def render(report: AuditReport) -> str:
     s = report.settings
     lines = [
-        f"Coverage audit: {s.size} records on {s.world_size} rank(s), tail={s.tail}, order={s.order}, "
+        f"Coverage audit: {s.size} records on {s.world_size} rank(s), strategy={s.strategy}, tail={s.tail}, "
+        f"order={s.order}, "
         f"seed={s.seed}, {'shuffled' if s.shuffle else 'not shuffled'}",
         f"Loader: batch_size={s.batch_size} per rank, drop_last={s.drop_last}, num_workers={s.num_workers} "
         f"(workers change no count); epochs {s.start_epoch}..{s.start_epoch + s.epochs - 1}",
@@ -41,6 +42,7 @@ def render(report: AuditReport) -> str:
         f"(times fed: records) {histogram}"
     )
     lines += _mates(report)
+    lines += _composition(report)
     if report.warnings:
         lines += ["", "Warnings:"] + [f"  ! {warning}" for warning in report.warnings]
     if report.limits:
@@ -113,6 +115,38 @@ def _mates(report: AuditReport) -> list[str]:
         f"    min {mates.minimum}, mean {mates.mean:.1f}, max {mates.maximum}; "
         f"{mates.reaching_all} of {mates.records_measured} met all {most}; least mixed: {lowest}",
     ]
+
+
+def _composition(report: AuditReport) -> list[str]:
+    """Per epoch: how far the batches stray from the target shares, and the epoch's chi-square test."""
+    if not report.composition:
+        return []
+    first = report.composition[0]
+    target = ", ".join(f"{c}: {share:.3f}" for c, share in zip(first.classes[:_LISTED], first.target))
+    more = f" ... and {len(first.classes) - _LISTED} more" if len(first.classes) > _LISTED else ""
+    lines = ["", f"Batch composition ({len(first.classes)} classes; target share {target}{more}):"]
+    first_steps = f"first {first.first_steps} batches"
+    header = ("epoch", "steps", "worst batch", "at step", first_steps, "chi2", "dof", "p-value")
+    rows = [header] + [
+        (
+            str(c.epoch),
+            str(c.steps),
+            f"{c.max_step_deviation:.3f}",
+            str(c.worst_step),
+            f"{c.first_steps_deviation:.3f}",
+            f"{c.chi_square:.4g}",
+            str(c.degrees_of_freedom),
+            f"{c.p_value:.3g}",
+        )
+        for c in report.composition
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines += ["  " + "  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines.append(
+        "  (worst batch: largest |class share - target| in one step's batch over all ranks; first batches: the same "
+        "for those batches pooled; chi2: the epoch's class counts against the target)"
+    )
+    return lines
 
 
 def _listed(items: Iterable[object]) -> str:

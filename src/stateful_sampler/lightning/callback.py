@@ -14,12 +14,10 @@ where the fit stopped is kept until the next fit starts.
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Callable
-
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities.warnings import PossibleUserWarning
+from typing import TYPE_CHECKING, Any, Callable
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.lightning.epoch_length import (
@@ -28,6 +26,7 @@ from stateful_sampler.lightning.epoch_length import (
     hold_epoch_batches,
     lightning_epoch_batches,
 )
+from stateful_sampler.lightning.framework import framework_of
 from stateful_sampler.lightning.loaders import (
     SamplerSetupError,
     checked_train_samplers,
@@ -35,8 +34,12 @@ from stateful_sampler.lightning.loaders import (
     superseded_loader_states,
     train_samplers,
 )
-from stateful_sampler.lightning.restart import drop_loader_states, mark_epoch_unfinished
+from stateful_sampler.lightning.restart import complete_saved_batch, drop_loader_states, mark_epoch_unfinished
 from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
+from stateful_sampler.verify.recorder import RECORD_ENV
+
+if TYPE_CHECKING:  # either package's; see framework.py
+    from lightning.pytorch import LightningModule, Trainer
 
 CALLBACK_STATE_VERSION = 2
 # Lightning warns on every mid-epoch resume whose loader has no state_dict; with our state loaded
@@ -92,7 +95,7 @@ class _PassStart:
     started: bool = True
 
 
-class SamplerCheckpoint(Callback):
+class SamplerCheckpointHooks:
     """Makes a ``Trainer`` resume its train ``StatefulSampler`` s exactly where training stopped.
 
     Add it next to a step-based ``ModelCheckpoint`` and resume with ``ckpt_path``; each train
@@ -100,10 +103,26 @@ class SamplerCheckpoint(Callback):
     Without a checkpoint to resume from, the run is exactly what it is without this callback.
     It keeps Lightning's per-epoch batch count equal to what the samplers yield (``epoch_length``)
     and, in a checkpoint it saved, replaces the train loaders' own saved positions (``restart``).
+
+    This is the implementation; the callback is ``stateful_sampler.lightning.SamplerCheckpoint`` for
+    ``lightning.pytorch`` and ``stateful_sampler.pytorch_lightning.SamplerCheckpoint`` for the classic
+    package: this class under each package's ``Callback``.
+
+    Raises:
+        SamplerSetupError: at ``on_train_start``, for a train loader it cannot resume exactly.
+        IncompatibleStateError: for a checkpoint whose state does not fit the samplers.
+
+    Example:
+        >>> trainer = Trainer(callbacks=[SamplerCheckpoint(),  # doctest: +SKIP
+        ...     ModelCheckpoint(every_n_train_steps=50, save_last=True, save_on_train_epoch_end=False)])
+        >>> trainer.fit(model, datamodule, ckpt_path="last")  # doctest: +SKIP
     """
+
+    state_key: str  # Lightning's Callback provides it
 
     def __init__(self) -> None:
         self._remove_hook: Callable[[], None] | None = None
+        self._recording: Any = None  # verify's recording of this process, when verify runs it
         self._warning_filter: tuple[Any, ...] | None = None
         self._forget_the_run()
 
@@ -129,9 +148,15 @@ class SamplerCheckpoint(Callback):
             self._forget_the_run()
             self._trainer = trainer
             self._remove_hook = add_pass_start_hook(self._on_pass_start)
+        if self._recording is None and os.environ.get(RECORD_ENV):
+            from stateful_sampler.verify.trainer_recording import TrainerRecording
+
+            self._recording = TrainerRecording.claim()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._stop()
+        if self._recording is not None:
+            self._recording.close()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # Lightning calls no teardown after an exception, and OnExceptionCheckpoint saves after this.
@@ -182,6 +207,8 @@ class SamplerCheckpoint(Callback):
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         """Runs before Lightning restores its loops from ``checkpoint``: make them agree with our state."""
+        if framework_of(trainer).restarts_from_completed:
+            complete_saved_batch(checkpoint)
         entry = checkpoint.get("callbacks", {}).get(self.state_key)
         if not entry:
             return
@@ -194,8 +221,9 @@ class SamplerCheckpoint(Callback):
         """Runs before the train loader exists: keep the state for the samplers' first pass."""
         self._pending = _SavedPosition.from_dict(state_dict)
         self._loaded = True
-        if self._warning_filter is None:
-            warnings.filterwarnings("ignore", message=_NOT_RESUMABLE_WARNING, category=PossibleUserWarning)
+        if self._warning_filter is None and self._trainer is not None:
+            category = framework_of(self._trainer).possible_user_warning
+            warnings.filterwarnings("ignore", message=_NOT_RESUMABLE_WARNING, category=category)
             self._warning_filter = warnings.filters[0]
 
     # -- restoring, at the first of: a train sampler's pass start, on_train_start
@@ -229,6 +257,8 @@ class SamplerCheckpoint(Callback):
             self._ended_at_start = finished
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.fit_loop.restarting and framework_of(trainer).restarts_from_completed:
+            return  # Lightning < 2.5 calls this for the resumed epoch too: on_train_start counted it
         self._ended_at_start = None
         count_epoch(trainer, 0, _fetched(trainer))
 
@@ -236,6 +266,18 @@ class SamplerCheckpoint(Callback):
         if self._recount_at_first_batch:
             self._recount_at_first_batch = False
             trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = count_epoch(trainer, 0, _fetched(trainer))
+        if self._recording is not None:
+            self._recording.batch(trainer, batch, batch_idx)
+
+    # -- what `stateful-sampler verify -- COMMAND` records, when it runs this process
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self._recording is not None:
+            self._recording.checkpoint(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._recording is not None:
+            self._recording.train_end(trainer, pl_module)
 
     def _on_pass_start(self, sampler: StatefulSampler) -> None:
         trainer = self._trainer

@@ -19,17 +19,18 @@ three move together.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from lightning.pytorch import Trainer
-from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
-from lightning.pytorch.trainer.states import RunningStage
-
+from stateful_sampler.lightning.framework import framework_of
 from stateful_sampler.lightning.loaders import (
     combined_train_loader,
     iterated_train_loader,
     loader_batching,
     stateful_samplers_of,
 )
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ def hold_epoch_batches(trainer: Trainer, limits: list[int | float], fetched: int
 def _loader_batches(trainer: Trainer, loader: object, batches_before: int) -> int | float:
     samplers = stateful_samplers_of(loader)
     if not samplers:
-        return _parse_num_batches(RunningStage.TRAINING, len(loader), trainer.limit_train_batches)  # type: ignore[arg-type]
+        framework = framework_of(trainer)
+        return framework.parse_num_batches(framework.training_stage, len(loader), trainer.limit_train_batches)  # type: ignore[arg-type]
     cap = _epoch_cap(trainer, loader)
     batch_size, drop_last = loader_batching(loader, samplers[0])
     remaining = samplers[0].remaining_length()
@@ -92,4 +94,5 @@ def _epoch_cap(trainer: Trainer, loader: object) -> int | float:
         return limit
     if limit >= 1.0:
         return float("inf")
-    return _parse_num_batches(RunningStage.TRAINING, len(loader), limit)  # type: ignore[arg-type]
+    framework = framework_of(trainer)
+    return framework.parse_num_batches(framework.training_stage, len(loader), limit)  # type: ignore[arg-type]

@@ -8,18 +8,15 @@ exactly, so it is an error raised before the first training step, not a silent r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
-from lightning.fabric.utilities.types import _Stateful
-from lightning.pytorch import Trainer
-from lightning.pytorch.utilities.combined_loader import CombinedLoader
-
+from stateful_sampler.errors import SamplerSetupError
+from stateful_sampler.lightning.framework import framework_of
 from stateful_sampler.sampler import StatefulSampler
 
-
-class SamplerSetupError(ValueError):
-    """A train loader that ``SamplerCheckpoint`` cannot resume exactly; the message names the fix."""
+if TYPE_CHECKING:  # either package's; see framework.py
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 
 def combined_train_loader(trainer: Trainer) -> CombinedLoader | None:
@@ -64,7 +61,7 @@ def superseded_loader_states(trainer: Trainer) -> list[int]:
     combined = combined_train_loader(trainer)
     if combined is None:
         return []
-    stateful = [loader for loader in combined.flattened if isinstance(loader, _Stateful)]
+    stateful = [loader for loader in combined.flattened if isinstance(loader, framework_of(trainer).stateful)]
     return [index for index, loader in enumerate(stateful) if stateful_samplers_of(loader)]
 
 
@@ -88,7 +85,7 @@ def checked_train_samplers(trainer: Trainer) -> list[StatefulSampler]:
     for index, loader in enumerate(combined.flattened):
         samplers = _samplers_of(loader)
         stateful = stateful_samplers_of(loader)
-        wrapped = [s for s in samplers if isinstance(s, DistributedSamplerWrapper)]
+        wrapped = [s for s in samplers if isinstance(s, framework_of(trainer).distributed_sampler_wrapper)]
         if wrapped:
             inner = type(wrapped[0].dataset._sampler).__name__
             raise SamplerSetupError(

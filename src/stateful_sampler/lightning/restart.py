@@ -29,6 +29,24 @@ def mark_epoch_unfinished(checkpoint: dict[str, Any], epoch: int) -> None:
             tracker["processed"] = tracker["completed"] = epoch
 
 
+def complete_saved_batch(checkpoint: dict[str, Any]) -> None:
+    """Count the batch a checkpoint was saved after as completed (Lightning < 2.5 only).
+
+    ``ModelCheckpoint`` saves in ``on_train_batch_end``, before the batch counts as completed, and
+    Lightning < 2.5 restarts from the completed count: it runs that batch's index again and expects
+    one batch more in the epoch, while the samplers go on after it. Lightning 2.5 counts it itself.
+    """
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    progress = fit_loop.get("epoch_loop.batch_progress")
+    if progress is None or progress["current"]["completed"] != progress["current"]["processed"] - 1:
+        return
+    for tracker in (progress["total"], progress["current"]):
+        tracker["completed"] = tracker["processed"]
+    if progress.get("is_last_batch"):  # the epoch's last batch: the epoch is over, as 2.5 counts it
+        for tracker in (fit_loop["epoch_progress"]["total"], fit_loop["epoch_progress"]["current"]):
+            tracker["processed"] = tracker["completed"] = tracker["started"]
+
+
 def drop_loader_states(checkpoint: dict[str, Any], indices: list[int]) -> None:
     """Empty the saved states of the loaders at ``indices`` (an empty state restores nothing)."""
     fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})

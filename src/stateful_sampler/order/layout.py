@@ -15,22 +15,13 @@ for huge N); everything here is integer arithmetic, O(1) per question, whatever 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
-
 import numpy as np
+
+from stateful_sampler.order.policies import Tail
 
 MAX_EPOCH = (1 << 62) - 1  # keys carry the pass index as an int64, and a pass index seeds a permutation
 MAX_RANKS = 1 << 30  # with MAX_BATCH: a global batch below 2**60, so pass-relative offsets fit int64
 MAX_BATCH = 1 << 30
-
-
-class Tail(str, Enum):
-    """What happens to the records that do not fill the last round of W ranks."""
-
-    PAD = "pad"  # wrap around to ceil(N/W)*W; the repeats are marked as padding
-    DROP = "drop"  # truncate to floor(N/W)*W; the cut records are reported
-    UNEVEN = "uneven"  # every record exactly once; ranks differ by at most one (evaluation)
-    CARRY = "carry"  # whole global batches only; the remainder rolls into the next epoch
 
 
 def carry_epoch_start(size: int, global_batch: int, epoch: int, anchor_epoch: int = 0, anchor_start: int = 0) -> int:

@@ -14,6 +14,7 @@ and a minimum instead of a masked write (see docs/performance.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from math import isqrt
 
 import numpy as np
@@ -66,27 +67,41 @@ class FeistelPermutation:
         modulus_left, modulus_right = np.uint64(self._m), np.uint64(self._n)
         left = values // modulus_right
         right = values - left * modulus_right
-        hashed = np.empty_like(values)
-        scratch = np.empty_like(values)
-        for key in self._round_keys:
-            # F(right): a multiply-xorshift-multiply hash of right ^ key, whose top 32 bits are scaled
-            # into [0, modulus_left) by a multiply-shift (Lemire's reduction, no division).
-            np.bitwise_xor(right, key, out=hashed)
-            hashed *= _ROUND_MUL1
-            np.right_shift(hashed, _ROUND_SHIFT, out=scratch)
-            hashed ^= scratch
-            hashed *= _ROUND_MUL2
-            hashed >>= _U32
-            hashed *= modulus_left
-            hashed >>= _U32
-            # (left + F) mod modulus_left without a mask: when the sum is below the modulus, the
-            # subtraction wraps to a huge uint64 and the minimum keeps the sum.
-            hashed += left
-            np.subtract(hashed, modulus_left, out=scratch)
-            np.minimum(hashed, scratch, out=hashed)
-            left, right, hashed = right, hashed, left
-            modulus_left, modulus_right = modulus_right, modulus_left
         # An even number of rounds (rounds_for is always even) brings the moduli back to (m, n).
+        left, right = feistel_rounds(left, right, modulus_left, modulus_right, self._round_keys)
         left *= modulus_right
         left += right
         return left
+
+
+def feistel_rounds(
+    left: np.ndarray,
+    right: np.ndarray,
+    modulus_left: np.uint64 | np.ndarray,
+    modulus_right: np.uint64 | np.ndarray,
+    round_keys: Iterable[np.uint64 | np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Feistel rounds over (left, right) in Z_m x Z_n, one per round key; both inputs are overwritten. Moduli and
+    keys are one word for the whole block (``FeistelPermutation``) or one per value (``RaggedPermutation``, the
+    per-class permutations of ``classes.py``), so every cipher of the library shares this round function."""
+    hashed = np.empty_like(left)
+    scratch = np.empty_like(left)
+    for key in round_keys:
+        # F(right): a multiply-xorshift-multiply hash of right ^ key, whose top 32 bits are scaled
+        # into [0, modulus_left) by a multiply-shift (Lemire's reduction, no division).
+        np.bitwise_xor(right, key, out=hashed)
+        hashed *= _ROUND_MUL1
+        np.right_shift(hashed, _ROUND_SHIFT, out=scratch)
+        hashed ^= scratch
+        hashed *= _ROUND_MUL2
+        hashed >>= _U32
+        hashed *= modulus_left
+        hashed >>= _U32
+        # (left + F) mod modulus_left without a mask: when the sum is below the modulus, the
+        # subtraction wraps to a huge uint64 and the minimum keeps the sum.
+        hashed += left
+        np.subtract(hashed, modulus_left, out=scratch)
+        np.minimum(hashed, scratch, out=hashed)
+        left, right, hashed = right, hashed, left
+        modulus_left, modulus_right = modulus_right, modulus_left
+    return left, right

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from stateful_sampler.checks import check_int
+from stateful_sampler.checks import check_bool, check_int
 from stateful_sampler.keys import KeyedDataset, SampleKey, require_key
 from stateful_sampler.order.mixing import MASK64, Domain, derive_seed, extend_seed, sample_seeds
 from stateful_sampler.seeding.process_rngs import GLOBAL_RNGS, global_seeds, seeded_globals
@@ -36,11 +36,20 @@ class SeededDataset(KeyedDataset):
 
     ``dataset[key]`` returns ``(sample, key)`` like ``KeyedDataset``, so the padding mask stays available. A
     padding repeat has its record's key words, so it draws the same augmentation.
+
+    ``per_draw=True`` also folds in the key's ``position``: each draw of a record gets its own augmentation,
+    for strategies that draw a record more than once in an epoch (``Weighted`` with replacement, ``Stratified``
+    balanced), where (seed, epoch, index) alone would repeat it; a padding repeat then counts as a draw too.
+    Positions are the epoch's, so under ``tail="carry"`` a resume with another global batch re-keys the draws
+    of the epochs after it.
     """
 
-    def __init__(self, dataset: Any, seed: int | None = None, *, global_rngs: Iterable[str] = GLOBAL_RNGS) -> None:
+    def __init__(
+        self, dataset: Any, seed: int | None = None, *, global_rngs: Iterable[str] = GLOBAL_RNGS, per_draw: bool = False
+    ) -> None:
         super().__init__(dataset)
         self.seed = None if seed is None else check_int("seed", seed, maximum=_MAX_SEED)
+        self.per_draw = check_bool("per_draw", per_draw)
         self.global_rngs = _check_global_rngs(global_rngs, dataset)
         self._prefix = (-1, -1, 0)  # (seed, epoch, derive_seed(Domain.SAMPLE, seed, epoch)) of the last key
 
@@ -68,6 +77,12 @@ class SeededDataset(KeyedDataset):
         return samples
 
     def _sample_seeds(self, keys: list[SampleKey]) -> list[int]:
+        seeds = self._record_seeds(keys)
+        if not self.per_draw:
+            return seeds
+        return [extend_seed(seed, _check_key_field("position", key.position)) for seed, key in zip(seeds, keys)]
+
+    def _record_seeds(self, keys: list[SampleKey]) -> list[int]:
         words = [self._words(key) for key in keys]
         if len(words) >= _VECTOR_FROM:
             seed, epoch, index = np.array(words, dtype=np.uint64).T

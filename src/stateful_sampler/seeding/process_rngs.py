@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stateful_sampler.errors import GlobalRNGThreadError
 from stateful_sampler.order.mixing import seed_word_rows, seed_words
 from stateful_sampler.seeding.legacy_mt import LegacyMT, c_seed
 from stateful_sampler.seeding.streams import _NUMPY, _TORCH, torch_states
@@ -34,10 +35,6 @@ _python = random._inst  # type: ignore[attr-defined]  # the instance behind rand
 _legacy = np.random.mtrand._rand  # the RandomState behind np.random.random, np.random.seed, ...
 _spares: list[LegacyMT] = []  # the bit generator of each level of nested seeded loads
 _depth = 0
-
-
-class GlobalRNGThreadError(RuntimeError):
-    """A load that would seed the process-wide RNGs, from a thread other than the main thread."""
 
 
 @dataclass(frozen=True)

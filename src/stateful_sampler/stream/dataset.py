@@ -20,7 +20,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.layout import Tail
+from stateful_sampler.order.policies import Tail
 from stateful_sampler.order.shards import EpochWindows, ShardedShuffle
 from stateful_sampler.stream.layout import StreamLayout
 from stateful_sampler.stream.readers import ShardReader, ShardReadError

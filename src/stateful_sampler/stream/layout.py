@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stateful_sampler.order.layout import Tail
+from stateful_sampler.order.policies import Tail
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-
-class ShardReadError(OSError):
-    """A shard could not be read; the message names the file. Nothing already delivered is lost:
-    the stream reads a window's rows before yielding any of them, and the position a loop saves
-    counts only the batches it received."""
+from stateful_sampler.errors import ShardReadError
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from stateful_sampler.errors import IncompatibleStateError
-from stateful_sampler.order.layout import Tail
+from stateful_sampler.order.policies import Tail
 
 STREAM_STATE_VERSION = 1
 PRIME = (1 << 61) - 1

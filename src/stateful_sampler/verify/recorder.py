@@ -1,10 +1,14 @@
-"""What a recorded training run leaves behind, and the callback that records it.
+"""What a recorded training run leaves behind, and the writer that records it, for any framework.
 
-Per rank, one JSON line per batch that reached ``training_step`` (its fingerprint, and indices
+Per rank, one JSON line per batch that reached the training loop (its fingerprint, and indices
 when the batch carries them) and one per checkpoint saved; on rank 0, the final weights; and,
 when LightningCLI refuses the config, the reason in one line. A run told to pause at a step
 tells its parent through a FIFO and waits there to be killed, so the kill lands at an exact,
 reproducible point after the checkpoints before it were written.
+
+verify switches recording on from outside, through ``RECORD_ENV``: the user's code is not edited.
+The LightningCLI runner injects a callback; any other script is recorded where its batches pass
+through a ``ResumableLoader`` (``record_from_environment``) and calls ``record_weights`` at the end.
 """
 
 from __future__ import annotations
@@ -14,17 +18,17 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
 
-from stateful_sampler.lightning.fingerprint import batch_fingerprint, batch_indices
+from stateful_sampler.verify.fingerprint import batch_fingerprint, batch_indices
 
 RECORD_ENV = "STATEFUL_SAMPLER_RECORD"  # path prefix of the run's record files
-PAUSE_AT_ENV = "STATEFUL_SAMPLER_PAUSE_AT"  # global step at whose next batch the run waits to be killed
+PAUSE_AT_ENV = "STATEFUL_SAMPLER_PAUSE_AT"  # step at whose next batch the run waits to be killed
 NOTIFY_ENV = "STATEFUL_SAMPLER_NOTIFY"  # FIFO on which a paused rank says so
 PAUSE_LIMIT_SECONDS = 600  # a paused run nobody kills exits with an error instead of hanging forever
 
@@ -33,8 +37,8 @@ PAUSE_LIMIT_SECONDS = 600  # a paused run nobody kills exits with an error inste
 class BatchRecord:
     rank: int
     epoch: int
-    batch_idx: int
-    step: int  # optimizer steps done before this batch (trainer.global_step)
+    batch_idx: int  # the batch's place in its epoch, counted from the epoch's start
+    step: int  # steps done before this batch (Lightning: trainer.global_step; a loader: batches consumed)
     fingerprint: str
     indices: list[int] | None
 
@@ -47,7 +51,7 @@ class BatchRecord:
 @dataclass(frozen=True)
 class RunRecord:
     batches: list[BatchRecord]  # in training order, rank by rank
-    checkpoint_steps: list[int]  # global steps at which rank 0 saved a checkpoint
+    checkpoint_steps: list[int]  # steps at which rank 0 saved a checkpoint (empty: none seen)
     weights: dict[str, torch.Tensor] | None  # final weights; None when the run never finished
 
 
@@ -78,58 +82,60 @@ def read_run(prefix: Path) -> RunRecord:
     return RunRecord(batches, checkpoint_steps, weights)
 
 
-class BatchRecorder(Callback):
-    """Records each batch as it reaches ``training_step``; injected by the verify runner."""
+_claimed = False
+
+
+def claim_recorder() -> Recorder | None:
+    """This process's recorder, to the first hook that asks when verify set ``RECORD_ENV``; else None.
+
+    Several hooks can see the same batches (verify's LightningCLI callback, ``SamplerCheckpoint``,
+    ``ResumableLoader``): only the first to claim records, so no batch is recorded twice."""
+    global _claimed
+    if _claimed or not os.environ.get(RECORD_ENV):
+        return None
+    _claimed = True
+    return Recorder.from_environment()
+
+
+class Recorder:
+    """Writes one run's records: each rank appends to its own file, rank 0 writes the weights."""
 
     def __init__(self, prefix: Path, pause_at: int | None = None, notify: Path | None = None) -> None:
         self.prefix = prefix
         self.pause_at = pause_at
         self.notify = notify
-        self._file: Any = None
+        self._files: dict[int, IO[str]] = {}
 
     @classmethod
-    def from_environment(cls) -> BatchRecorder:
+    def from_environment(cls) -> Recorder:
         pause_at = os.environ.get(PAUSE_AT_ENV)
         notify = os.environ.get(NOTIFY_ENV)
-        return cls(
-            Path(os.environ[RECORD_ENV]),
-            int(pause_at) if pause_at else None,
-            Path(notify) if notify else None,
-        )
+        return cls(Path(os.environ[RECORD_ENV]), int(pause_at) if pause_at else None, Path(notify) if notify else None)
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._file = rank_path(self.prefix, trainer.global_rank).open("a", buffering=1)
+    def batch(self, batch: Any, *, rank: int, world_size: int, epoch: int, batch_idx: int, step: int) -> None:
+        """Record a batch as the loop receives it; first wait to be killed if the run pauses at ``step``."""
+        if self.pause_at is not None and step >= self.pause_at:
+            self.wait_to_be_killed(rank, world_size)
+        record = BatchRecord(rank, epoch, batch_idx, step, batch_fingerprint(batch), batch_indices(batch))
+        self._write(rank, {"kind": "batch", **asdict(record)})
 
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if self.pause_at is not None and trainer.global_step >= self.pause_at:
-            self._wait_to_be_killed(trainer)
-        record = BatchRecord(
-            trainer.global_rank,
-            trainer.current_epoch,
-            batch_idx,
-            trainer.global_step,
-            batch_fingerprint(batch),
-            batch_indices(batch),
-        )
-        self._write({"kind": "batch", **asdict(record)})
+    def checkpoint(self, *, rank: int, step: int) -> None:
+        self._write(rank, {"kind": "checkpoint", "rank": rank, "step": step})
 
-    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        self._write({"kind": "checkpoint", "rank": trainer.global_rank, "step": trainer.global_step})
+    def weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        torch.save({name: tensor.detach().cpu() for name, tensor in state.items()}, weights_path(self.prefix))
 
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.is_global_zero:
-            weights = {name: tensor.detach().cpu() for name, tensor in pl_module.state_dict().items()}
-            torch.save(weights, weights_path(self.prefix))
+    def close(self) -> None:
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    def _write(self, rank: int, entry: dict[str, Any]) -> None:
+        if rank not in self._files:
+            self._files[rank] = rank_path(self.prefix, rank).open("a", buffering=1)
+        self._files[rank].write(json.dumps(entry) + "\n")
 
-    def _write(self, entry: dict[str, Any]) -> None:
-        self._file.write(json.dumps(entry) + "\n")
-
-    def _wait_to_be_killed(self, trainer: Trainer) -> None:
+    def wait_to_be_killed(self, rank: int, world_size: int) -> None:
         if self.notify is None:
             raise ValueError(f"{PAUSE_AT_ENV} is set but {NOTIFY_ENV} is not: a paused run must tell its parent")
         try:  # non-blocking: with no parent reading, a blocking open would wait forever
@@ -140,7 +146,7 @@ class BatchRecorder(Callback):
             print(f"paused at step {self.pause_at}, but no process reads {self.notify}: its parent is gone",
                   file=sys.stderr)  # fmt: skip
             os._exit(3)
-        os.write(fifo, f"{trainer.global_rank} {trainer.world_size}\n".encode())  # one short write: atomic
+        os.write(fifo, f"{rank} {world_size}\n".encode())  # one short write: atomic
         os.close(fifo)
         threading.Event().wait(PAUSE_LIMIT_SECONDS)
         print(f"paused at step {self.pause_at} and not killed within {PAUSE_LIMIT_SECONDS} s", file=sys.stderr)

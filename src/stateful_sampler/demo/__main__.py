@@ -1,4 +1,4 @@
-"""``python -m stateful_sampler.lightning fit --config configs/digits.yaml``: a plain LightningCLI
+"""``python -m stateful_sampler.demo fit --config configs/digits.yaml``: a plain LightningCLI
 for configs that name their model and datamodule by ``class_path``.
 
 The saved ``config.yaml`` is overwritten, so resuming in the same directory (adding a config with

@@ -1,6 +1,6 @@
 """The training process the verify runner starts: the user's config under ``fit``, recorded.
 
-``python -m stateful_sampler.lightning.recorded_fit fit --config CONFIG.yaml ...`` is
+``python -m stateful_sampler.verify.lightning_cli.recorded_fit fit --config CONFIG.yaml ...`` is
 ``LightningCLI`` plus a ``BatchRecorder`` (configured from the environment by the runner), with
 every ``ModelCheckpoint`` redirected into the run's own directory, so a verification never
 writes into the user's checkpoint folders and two runs never resume from each other's files.
@@ -13,13 +13,36 @@ import os
 import sys
 from argparse import ArgumentError
 from pathlib import Path
+from typing import Any
 
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from stateful_sampler.lightning.config import ConfigError, parse_problem
-from stateful_sampler.lightning.lifeline import watch_lifeline
-from stateful_sampler.lightning.recorder import RECORD_ENV, BatchRecorder, config_problem_path
+from stateful_sampler.verify.errors import ConfigError
+from stateful_sampler.verify.lifeline import watch_lifeline
+from stateful_sampler.verify.lightning_cli.config import parse_problem
+from stateful_sampler.verify.recorder import RECORD_ENV, config_problem_path
+from stateful_sampler.verify.trainer_recording import TrainerRecording
+
+
+class BatchRecorder(Callback):
+    """Records each batch as it reaches ``training_step``, each checkpoint and the final weights."""
+
+    def __init__(self, recording: TrainerRecording) -> None:
+        self.recording = recording
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self.recording.batch(trainer, batch, batch_idx)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self.recording.checkpoint(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.recording.train_end(trainer, pl_module)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.recording.close()
 
 
 class RecordedFitCLI(LightningCLI):
@@ -38,9 +61,12 @@ class RecordedFitCLI(LightningCLI):
 
 def main() -> None:
     watch_lifeline()
+    recording = TrainerRecording.claim()  # first: SamplerCheckpoint in the config must not record too
+    if recording is None:
+        raise ValueError(f"recorded_fit records for verify, which sets {RECORD_ENV}; it is not set")
     try:
         RecordedFitCLI(
-            trainer_defaults={"callbacks": [BatchRecorder.from_environment()]},
+            trainer_defaults={"callbacks": [BatchRecorder(recording)]},
             save_config_callback=None,
             parser_kwargs={"exit_on_error": False},
         )

@@ -1,27 +1,27 @@
-"""Start a recorded training run of a LightningCLI config in a subprocess, and kill it for real.
+"""Start a recorded training run in a subprocess, and kill it for real; any framework's command.
 
-Every run gets its own process group, so a SIGKILL reaches every DDP rank and every DataLoader
-worker at once. No run outlives the runner: one that overstays its timeout, or whose runner stops
-on an exception (Ctrl-C, verify's SIGTERM), is killed; if the runner itself is killed, the run's
-lifeline (``lifeline.py``) kills it.
+Every run gets its own session, and the kill freezes the run's whole process tree, then SIGKILLs
+it (``process_tree.py``): every rank and DataLoader worker at once, also ranks that a launcher such
+as torchrun puts in sessions of their own (a command runs under ``guard.py``, a subreaper, so they
+stay in its tree). No run outlives the runner: one that overstays its timeout, or whose runner
+stops on an exception (Ctrl-C, verify's SIGTERM), is killed; if the runner itself is killed, the
+run's first process sees its lifeline (``lifeline.py``) end and kills the run.
 """
 
 from __future__ import annotations
 
 import os
 import select
-import signal
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol
 
-from stateful_sampler.lightning.config import ConfigError
-from stateful_sampler.lightning.lifeline import LIFELINE_ENV
-from stateful_sampler.lightning.recorder import (
+from stateful_sampler.verify.errors import ConfigError, TrainingRunError
+from stateful_sampler.verify.lifeline import LIFELINE_ENV
+from stateful_sampler.verify.process_tree import kill_tree
+from stateful_sampler.verify.recorder import (
     NOTIFY_ENV,
     PAUSE_AT_ENV,
     RECORD_ENV,
@@ -31,23 +31,28 @@ from stateful_sampler.lightning.recorder import (
 )
 
 _LOG_TAIL_LINES = 40
+RUN_DIR_ENV = "STATEFUL_SAMPLER_RUN_DIR"  # the run's own directory, for its checkpoints
 
 
-class TrainingRunError(RuntimeError):
-    """A training subprocess failed, overstayed its timeout, or never reached the kill point."""
+class Launch(Protocol):
+    """What a framework's runner says: the command of each run, and how its records compare."""
 
-
-@dataclass(frozen=True)
-class RunSettings:
-    config: Path  # a LightningCLI config for fit; the runner sets ckpt_path itself
-    seed: int  # passed as seed_everything, so every run starts from the same weights
-    devices: int | None  # overrides trainer.devices when set
     timeout: float  # seconds per run
+    needs_checkpoint_records: bool  # the run records every checkpoint it saves; else verify may not see them
+
+    def command(self, run_dir: Path, resume: bool) -> list[str]:
+        """The training command; ``resume`` for the run after the kill."""
+
+    def describe(self) -> str:
+        """What is being verified, for messages (the config's path, the command)."""
+
+    def settle(self, reference: RunRecord, killed: RunRecord, resumed: RunRecord) -> tuple[RunRecord, RunRecord]:
+        """The killed and resumed runs as they are to be compared with the reference."""
 
 
-def run_training(settings: RunSettings, run_dir: Path, name: str, *, resume: bool = False) -> RunRecord:
-    """Train to the end (from ``last.ckpt`` when ``resume``) and return what the run recorded;
-    ``ConfigError`` with LightningCLI's reason in one line when it refused the config."""
+def run_training(settings: Launch, run_dir: Path, name: str, *, resume: bool = False) -> RunRecord:
+    """Train to the end (resuming from the run directory's checkpoint when ``resume``) and return what
+    the run recorded; ``ConfigError`` with LightningCLI's reason in one line when it refused the config."""
     with _running(settings, run_dir, name, resume=resume, extra_env={}) as process:
         try:
             code = process.wait(timeout=settings.timeout)
@@ -57,15 +62,15 @@ def run_training(settings: RunSettings, run_dir: Path, name: str, *, resume: boo
             ) from None
     problem = config_problem_path(run_dir / name)
     if code != 0 and problem.exists():
-        raise ConfigError(f"config {str(settings.config)!r}: {problem.read_text()}")
+        raise ConfigError(f"config {settings.describe()!r}: {problem.read_text()}")
     if code != 0:
         raise TrainingRunError(f"the {name} run exited with code {code}" + _log_tail(run_dir, name))
     return read_run(run_dir / name)
 
 
-def run_and_kill(settings: RunSettings, run_dir: Path, name: str, kill_at: int) -> RunRecord:
-    """Train until every rank reaches the first batch after ``kill_at`` optimizer steps, then SIGKILL
-    the whole process group there, mid-epoch, without any chance to save or clean up."""
+def run_and_kill(settings: Launch, run_dir: Path, name: str, kill_at: int) -> RunRecord:
+    """Train until every rank reaches the first batch after ``kill_at`` steps, then SIGKILL the run's
+    whole process tree there, mid-epoch, without any chance to save or clean up."""
     fifo = run_dir / f"{name}.notify"
     os.mkfifo(fifo)
     # Opened read-write, so the FIFO never reports end-of-file while no rank has it open.
@@ -74,7 +79,7 @@ def run_and_kill(settings: RunSettings, run_dir: Path, name: str, kill_at: int) 
     try:
         with _running(settings, run_dir, name, resume=False, extra_env=pause) as process:
             _wait_for_every_rank(process, notify, settings.timeout, run_dir, name, kill_at)
-            _kill_group(process)  # the crash: SIGKILL to every rank and DataLoader worker at once
+            _kill(process)  # the crash: SIGKILL to every rank and DataLoader worker at once
     finally:
         os.close(notify)
     return read_run(run_dir / name)
@@ -82,7 +87,7 @@ def run_and_kill(settings: RunSettings, run_dir: Path, name: str, kill_at: int) 
 
 @contextmanager
 def _running(
-    settings: RunSettings, run_dir: Path, name: str, *, resume: bool, extra_env: dict[str, str]
+    settings: Launch, run_dir: Path, name: str, *, resume: bool, extra_env: dict[str, str]
 ) -> Iterator[subprocess.Popen]:
     """The run, started in its own session with a lifeline; killed on the way out if still running
     (also on Ctrl-C: the terminal's SIGINT never reaches another session)."""
@@ -96,28 +101,22 @@ def _running(
             yield process
         finally:
             if process.poll() is None:
-                _kill_group(process)
+                _kill(process)
     finally:
         os.close(keep)
 
 
 def _start(
-    settings: RunSettings, run_dir: Path, name: str, *, resume: bool, extra_env: dict[str, str], lifeline: int
+    settings: Launch, run_dir: Path, name: str, *, resume: bool, extra_env: dict[str, str], lifeline: int
 ) -> subprocess.Popen:
-    command = [
-        sys.executable, "-m", "stateful_sampler.lightning.recorded_fit", "fit",
-        "--config", str(settings.config),
-        f"--seed_everything={settings.seed}",
-        f"--trainer.default_root_dir={run_dir}",
-        "--trainer.logger=false",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--trainer.deterministic=true",
-    ]  # fmt: skip
-    if settings.devices is not None:
-        command.append(f"--trainer.devices={settings.devices}")
-    command.append("--ckpt_path=last" if resume else "--ckpt_path=null")  # a fresh run starts fresh
-    env = {**os.environ, RECORD_ENV: str(run_dir / name), LIFELINE_ENV: str(lifeline), **extra_env}
+    command = settings.command(run_dir, resume)
+    env = {
+        **os.environ,
+        RECORD_ENV: str(run_dir / name),
+        RUN_DIR_ENV: str(run_dir),
+        LIFELINE_ENV: str(lifeline),
+        **extra_env,
+    }
     with (run_dir / f"{name}.log").open("w") as log:
         return subprocess.Popen(
             command,
@@ -157,8 +156,8 @@ def _wait_for_every_rank(
             )
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGKILL)
+def _kill(process: subprocess.Popen) -> None:
+    kill_tree(process.pid)
     process.wait()
 
 

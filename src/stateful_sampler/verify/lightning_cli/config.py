@@ -17,13 +17,11 @@ import yaml
 from lightning.pytorch.cli import LightningCLI
 from torch.utils.data import DataLoader
 
+from stateful_sampler.verify.errors import ConfigError
+
 # jsonargparse words a class that cannot be imported as this line, followed by the reason.
 _CLASS_PATH_PROBLEM = re.compile(r"Problem with given class_path '([^']*)':\s*\n\s*(\S[^\n]*)")
 _PARSER_KEY = re.compile(r'^Parser key "([^"]*)"')
-
-
-class ConfigError(ValueError):
-    """A LightningCLI config that is missing, not YAML, or that LightningCLI refuses."""
 
 
 def read_config(config_path: str | Path) -> dict[str, Any]:

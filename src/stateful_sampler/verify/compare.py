@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from stateful_sampler.lightning.fingerprint import batch_fingerprint
-from stateful_sampler.lightning.recorder import BatchRecord, RunRecord
+from stateful_sampler.verify.fingerprint import batch_fingerprint
+from stateful_sampler.verify.recorder import BatchRecord, RunRecord
 
 
 @dataclass(frozen=True)

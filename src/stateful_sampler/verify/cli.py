@@ -1,12 +1,14 @@
-"""``stateful-sampler verify --config CONFIG.yaml [--kill-at STEP] [--devices N]``
+"""``stateful-sampler verify --config CONFIG.yaml [--kill-at STEP] [--devices N]`` or ``... -- COMMAND``
 
-Proves, on the user's own LightningCLI config, that a run killed with SIGKILL mid-epoch and
-resumed with ``ckpt_path="last"`` trains on exactly the batches of the run never interrupted, and
-ends with bitwise-equal weights; or shows where the two first diverge. Exit code 0 only when equal.
+Proves, on the user's own LightningCLI config or training command, that a run killed with SIGKILL
+mid-epoch and resumed trains on exactly the batches of the run never interrupted, and ends with
+bitwise-equal weights; or shows where the two first diverge. Exit code 0 only when equal.
 
-Every run uses the config's int ``seed_everything`` (0 when it is random or off), ``deterministic``,
-no logger and no progress bar, and writes its checkpoints into the work directory, never into the
-config's own folders. The config needs a ``ModelCheckpoint(every_n_train_steps=N, save_last=True)``.
+A config: every run uses its int ``seed_everything`` (0 when it is random or off), ``deterministic``,
+no logger and no progress bar, writes its checkpoints into the work directory and resumes with
+``ckpt_path="last"``; it needs a ``ModelCheckpoint(every_n_train_steps=N, save_last=True)``. A command
+(after ``--``) is run again to resume: it checkpoints into {run_dir}, feeds training through a
+``ResumableLoader`` and calls ``stateful_sampler.verify.record_weights(model)`` at the end.
 Exit code 2 (with a one-line reason) means verify could not run; SIGTERM stops every run it started.
 """
 
@@ -14,36 +16,51 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from types import FrameType
 from typing import Iterator
 
-from stateful_sampler.lightning.compare import ResumeReport
-from stateful_sampler.lightning.resume_check import DEFAULT_TIMEOUT, check_resume, check_timeout
-from stateful_sampler.lightning.runner import TrainingRunError
+from stateful_sampler.verify.compare import ResumeReport
+from stateful_sampler.verify.errors import TrainingRunError
+from stateful_sampler.verify.resume_check import DEFAULT_TIMEOUT, check_resume, check_timeout
 
 EXIT_EQUAL, EXIT_DIVERGED, EXIT_RUN_FAILED = 0, 1, 2
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def main(argv: list[str] | None = None) -> int:
-    description, details = __doc__.split("\n\n")[1:3]
-    parser = argparse.ArgumentParser(prog="stateful-sampler verify", description=description, epilog=details)
-    parser.add_argument("--config", required=True, help="a LightningCLI YAML config for fit")
-    parser.add_argument(
-        "--kill-at", type=int, metavar="STEP", help="optimizer steps done when the run is killed (default: mid-run)"
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[argv.index("--") + 1 :] if "--" in argv else None
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    description, *details = __doc__.split("\n\n")[1:4]
+    parser = argparse.ArgumentParser(
+        prog="stateful-sampler verify",
+        usage="%(prog)s (--config CONFIG | -- COMMAND ...) [--kill-at STEP] [--devices N] [--timeout S] [--work-dir D]",
+        description=description,
+        epilog="\n\n".join(details),
     )
-    parser.add_argument("--devices", type=int, metavar="N", help="override trainer.devices (e.g. 2 for CPU DDP)")
+    parser.add_argument("--config", help="a LightningCLI YAML config for fit")
+    parser.add_argument(
+        "--kill-at", type=int, metavar="STEP", help="steps done when the run is killed (default: mid-run)"
+    )
+    parser.add_argument(
+        "--devices", type=int, metavar="N", help="override trainer.devices (e.g. 2 for CPU DDP), or fill {devices}"
+    )
     parser.add_argument(
         "--timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS", help="allowed per run (above 0)"
     )
     parser.add_argument("--work-dir", help="keep the runs' records, checkpoints and logs here (default: a temp dir)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(options)
+    if (args.config is None) == (command is None):
+        parser.error("give either --config CONFIG or -- COMMAND ..., not both or neither")
+    if command == []:
+        parser.error("no command after --")
     try:
         with _stop_signals_exit():
             report = check_resume(
-                args.config,
+                args.config if command is None else command,
                 kill_at=args.kill_at,
                 devices=args.devices,
                 timeout=args.timeout,

@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from stateful_sampler.lightning.datamodule import PIXELS
+from stateful_sampler.demo.datamodule import PIXELS
 
 
 class DigitsClassifier(LightningModule):

@@ -1,27 +1,27 @@
-"""Run a config three times (uninterrupted; killed with SIGKILL mid-epoch; resumed from
-``last.ckpt``) and compare them: the check behind ``stateful-sampler verify`` and
-``stateful_sampler.testing.assert_resume_equal``."""
+"""Run a training three times (uninterrupted; killed with SIGKILL mid-epoch; resumed from its last
+checkpoint) and compare the runs: the check behind ``stateful-sampler verify`` and
+``stateful_sampler.testing.assert_resume_equal``, for a LightningCLI config or any command."""
 
 from __future__ import annotations
 
 import math
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
 from stateful_sampler.checks import check_int
-from stateful_sampler.lightning.compare import ResumeReport, compare_runs
-from stateful_sampler.lightning.config import read_config
-from stateful_sampler.lightning.recorder import RunRecord
-from stateful_sampler.lightning.runner import RunSettings, TrainingRunError, run_and_kill, run_training
+from stateful_sampler.verify.compare import ResumeReport, compare_runs
+from stateful_sampler.verify.errors import TrainingRunError
+from stateful_sampler.verify.recorder import RunRecord
+from stateful_sampler.verify.runner import Launch, run_and_kill, run_training
 
-DEFAULT_SEED = 0  # used when the config leaves seed_everything random or off
 DEFAULT_TIMEOUT = 600.0
 
 
 def check_resume(
-    config: str | Path,
+    run: str | Path | Sequence[str],
     *,
     kill_at: int | None = None,
     devices: int | None = None,
@@ -29,20 +29,39 @@ def check_resume(
     work_dir: str | Path | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> ResumeReport:
-    """Compare an uninterrupted run of ``config`` with one killed after ``kill_at`` optimizer steps
-    (default: mid-run, after the first checkpoint) and resumed with ``ckpt_path="last"``.
+    """Compare an uninterrupted run with one killed after ``kill_at`` steps (default: mid-run, after
+    the first checkpoint) and resumed.
 
-    ``work_dir`` keeps the runs' records, checkpoints and logs; by default a temporary directory.
+    ``run`` is a LightningCLI config (a path; resumed with ``ckpt_path="last"``) or a command (a list
+    of arguments, run again to resume; see ``verify.command``). ``work_dir`` keeps the runs' records,
+    checkpoints and logs; by default a temporary directory.
     """
-    config = _check_path("config", config)
     timeout = check_timeout(timeout)
     if kill_at is not None:
         kill_at = check_int("kill_at", kill_at, minimum=1)
-    settings = RunSettings(config.resolve(), config_seed(config, progress), devices, timeout)
+    if devices is not None:
+        devices = check_int("devices", devices, minimum=1)
+    launch = _launch(run, devices, timeout, progress)
     if work_dir is not None:
-        return _check(settings, _check_path("work_dir", work_dir), kill_at, progress)
+        return _check(launch, _check_path("work_dir", work_dir), kill_at, progress)
     with tempfile.TemporaryDirectory(prefix="stateful-sampler-verify-") as temporary:
-        return _check(settings, Path(temporary), kill_at, progress)
+        return _check(launch, Path(temporary), kill_at, progress)
+
+
+def _launch(run: Any, devices: int | None, timeout: float, progress: Callable[[str], None]) -> Launch:
+    """The runner for ``run``: each framework's is imported only when it is used."""
+    if isinstance(run, (list, tuple)):
+        from stateful_sampler.verify.command import CommandLaunch
+
+        return CommandLaunch.checked(run, devices, timeout)
+    from stateful_sampler.verify.lightning_cli.launch import LightningCLILaunch
+
+    if not isinstance(run, (str, os.PathLike)):
+        raise TypeError(
+            f"run must be a LightningCLI config path (str or os.PathLike) or a command (a list of str), "
+            f"got {type(run).__name__} {run!r}"
+        )
+    return LightningCLILaunch.checked(Path(run), devices, timeout, progress)
 
 
 def check_timeout(timeout: Any) -> float:
@@ -60,24 +79,17 @@ def _check_path(name: str, value: Any) -> Path:
     return Path(value)
 
 
-def config_seed(config: str | Path, progress: Callable[[str], None]) -> int:
-    """The config's ``seed_everything`` when it is an int: both runs must start from the same weights."""
-    seed = read_config(config).get("seed_everything")
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        return seed
-    progress(f"seed_everything is {seed!r} in the config; every run uses seed_everything={DEFAULT_SEED}")
-    return DEFAULT_SEED
-
-
-def _check(settings: RunSettings, work_dir: Path, kill_at: int | None, progress: Callable[[str], None]) -> ResumeReport:
+def _check(launch: Launch, work_dir: Path, kill_at: int | None, progress: Callable[[str], None]) -> ResumeReport:
     reference_dir, crash_dir = _run_dirs(work_dir)
     progress("uninterrupted run ...")
-    reference = run_training(settings, reference_dir, "reference")
-    kill_at = default_kill_step(reference) if kill_at is None else check_kill_step(reference, kill_at)
+    reference = run_training(launch, reference_dir, "reference")
+    steps, first_saved = _kill_range(reference, launch.needs_checkpoint_records)
+    kill_at = default_kill_step(steps, first_saved) if kill_at is None else check_kill_step(steps, first_saved, kill_at)
     progress(f"run killed with SIGKILL after step {kill_at} ...")
-    killed = run_and_kill(settings, crash_dir, "killed", kill_at)
+    killed = run_and_kill(launch, crash_dir, "killed", kill_at)
     progress(f"run resumed from the last checkpoint (step {max(killed.checkpoint_steps, default='none')}) ...")
-    resumed = run_training(settings, crash_dir, "resumed", resume=True)
+    resumed = run_training(launch, crash_dir, "resumed", resume=True)
+    killed, resumed = launch.settle(reference, killed, resumed)
     return compare_runs(reference, killed, resumed, kill_at)
 
 
@@ -97,15 +109,13 @@ def _run_dirs(work_dir: Path) -> tuple[Path, Path]:
     return reference_dir, crash_dir
 
 
-def default_kill_step(reference: RunRecord) -> int:
+def default_kill_step(steps: int, first_saved: int) -> int:
     """Mid-run, but after the first checkpoint, so the resumed run replays some steps."""
-    steps, first_saved = _kill_range(reference)
     return min(max(steps // 2, first_saved + 1), steps - 1)
 
 
-def check_kill_step(reference: RunRecord, kill_at: int) -> int:
+def check_kill_step(steps: int, first_saved: int, kill_at: int) -> int:
     """A kill step the run reaches, at or after its first checkpoint: else nothing would be resumed."""
-    steps, first_saved = _kill_range(reference)
     if not first_saved <= kill_at < steps:
         raise ValueError(
             f"kill_at must be at least {first_saved} (the first checkpoint's step) and at most {steps - 1} "
@@ -114,10 +124,13 @@ def check_kill_step(reference: RunRecord, kill_at: int) -> int:
     return kill_at
 
 
-def _kill_range(reference: RunRecord) -> tuple[int, int]:
-    """The run's step count and its first checkpoint's step before the last step."""
+def _kill_range(reference: RunRecord, needs_checkpoint_records: bool) -> tuple[int, int]:
+    """The run's step count and its first checkpoint's step before the last step (1 when the run's
+    checkpoints are not recorded: a command's own checkpointing is invisible to verify)."""
     steps = 1 + max((record.step for record in reference.batches), default=-1)
     saved = [step for step in reference.checkpoint_steps if 0 < step < steps]
+    if not needs_checkpoint_records:
+        return steps, min(saved, default=1)
     if not saved:
         raise TrainingRunError(
             f"the uninterrupted run wrote no checkpoint before its last step ({steps} steps): "

@@ -1,0 +1,49 @@
+"""``torch.distributed.checkpoint`` (DCP): every rank's loader state in the checkpoint, loadable at any world size.
+
+DCP saves what each rank's ``state_dict()`` holds and, on load, asks each rank's ``state_dict()``
+which keys to read. A key per rank (``rank3``) could not be asked for on a larger world, where
+rank 3 may not have saved. So every rank's state goes under one key, as a list indexed by rank
+(gathered at save; the same on every rank, so DCP writes it once), which any world size reads.
+Loading checks that the saved ranks agree (the position is a global one: ranks in step save the
+same) and continues from it; the sampler lays the rest of the epoch on the new ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import torch.distributed as dist
+
+from stateful_sampler.errors import IncompatibleStateError
+from stateful_sampler.loader import ResumableLoader
+
+
+class DistributedLoaderState:
+    """A ``Stateful`` for ``dcp.save`` / ``dcp.load``: ``{"loader": DistributedLoaderState(loader), ...}``.
+
+    ``state_dict`` is a collective when a process group exists (DCP's save and load are too).
+    """
+
+    def __init__(self, loader: ResumableLoader) -> None:
+        self.loader = loader
+
+    def state_dict(self) -> dict[str, Any]:
+        own = json.dumps(self.loader.state_dict(), sort_keys=True)
+        if not (dist.is_available() and dist.is_initialized()):
+            return {"ranks": [own]}
+        ranks: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, own)
+        return {"ranks": ranks}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        ranks = state.get("ranks") if isinstance(state, Mapping) else None
+        if not isinstance(ranks, list) or not ranks or not all(isinstance(saved, str) for saved in ranks):
+            raise IncompatibleStateError("ranks", ranks, "a list of each rank's state, from DistributedLoaderState")
+        for rank, saved in enumerate(ranks):
+            if saved != ranks[0]:
+                raise IncompatibleStateError(
+                    "ranks", f"rank {rank}: {saved}", ranks[0], "the saving ranks were not in step (rank 0 differs)"
+                )
+        self.loader.load_state_dict(json.loads(ranks[0]))

@@ -1,0 +1,43 @@
+"""Lightning Fabric: ``fabric.setup_dataloaders`` with the sampler kept, and the consumed position in ``fabric.save``.
+
+Fabric keeps a ``DistributedSampler`` subclass at ``loader.sampler`` as it is under DDP, so the
+``StatefulSampler`` shards and Fabric does not. Fabric also calls ``set_epoch`` on the sampler at
+every pass with its own count of passes, which a resumed process restarts at 0; the returned
+loader keeps that count equal to the sampler's epoch, so a restored epoch is not rewound.
+"""
+
+from __future__ import annotations
+
+from torch.utils.data import DataLoader
+
+from lightning.fabric import Fabric
+from stateful_sampler.loader import ResumableLoader, find_sampler
+
+
+def setup_dataloader(fabric: Fabric, loader: DataLoader, *, move_to_device: bool = True) -> ResumableLoader:
+    """``fabric.setup_dataloaders(loader)`` as a ``ResumableLoader``: put it in ``fabric.save``'s state as is.
+
+    Example::
+
+        loader = setup_dataloader(fabric, DataLoader(ds, sampler=StatefulSampler(ds, batch_size=B), batch_size=B))
+        fabric.save(path, {"model": model, "optimizer": optimizer, "loader": loader})
+        fabric.load(path, {"model": model, "optimizer": optimizer, "loader": loader})   # O(1), no replay
+    """
+    sampler = find_sampler(loader)
+    if sampler.num_replicas != fabric.world_size:
+        raise ValueError(
+            f"the StatefulSampler shards over num_replicas={sampler.num_replicas} but Fabric runs "
+            f"world_size={fabric.world_size} processes: call fabric.launch() before building the sampler, or leave "
+            f"num_replicas and rank unset"
+        )
+    prepared = fabric.setup_dataloaders(loader, move_to_device=move_to_device)
+    if find_sampler(prepared) is not sampler:
+        raise ValueError(
+            "Fabric replaced the StatefulSampler: pass it as DataLoader(dataset, sampler=StatefulSampler(...)), where "
+            "Fabric keeps a DistributedSampler, not inside a custom batch_sampler"
+        )
+
+    def sync_fabric_epoch(epoch: int) -> None:
+        prepared._num_iter_calls = epoch  # Fabric's pass count, which it passes to sampler.set_epoch
+
+    return ResumableLoader(prepared, epoch_sync=sync_fabric_epoch)

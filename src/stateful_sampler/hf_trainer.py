@@ -1,0 +1,97 @@
+"""HF Transformers ``Trainer``: resume from a checkpoint in O(1), without fast-forwarding the data.
+
+On resume the stock ``Trainer`` replays the resumed epoch's first batches through the loader
+(``skip_first_batches``): hours for a late step of a large epoch. ``ResumableTrainer`` trains on a
+``StatefulSampler`` instead, saves the consumed position in each checkpoint folder and restores it
+before the first batch, with ``ignore_data_skip`` on so that nothing is replayed.
+
+Under DDP, ``accelerator.prepare`` wraps the train loader's batch sampler in a ``BatchSamplerShard``
+that would shard the sampler's share a second time; it is made a pass-through, as the Trainer does
+for its own rank-aware ``BatchRebalanceSampler``: the sampler shards, with its tail policy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset
+from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+from stateful_sampler.loader import ResumableLoader
+from stateful_sampler.sampler import StatefulSampler
+
+STATE_FILE = "stateful_sampler.json"
+
+
+class ResumableTrainer(Trainer):
+    """A ``Trainer`` whose train data order is a ``StatefulSampler``'s, resumed exactly and in O(1).
+
+    The sampler's seed is ``args.data_seed`` (else ``args.seed``). ``args.ignore_data_skip`` is set:
+    the restored position replaces the Trainer's fast-forward.
+
+    Example::
+
+        trainer = ResumableTrainer(model=model, args=args, train_dataset=dataset)   # instead of Trainer(...)
+        trainer.train(resume_from_checkpoint=True)   # starts at the saved position: no batch is replayed
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        strategy = getattr(self.args, "train_sampling_strategy", "random")
+        if strategy != "random":
+            raise ValueError(
+                f"ResumableTrainer orders the train data with a StatefulSampler: train_sampling_strategy must be "
+                f"'random' (the default), got {strategy!r}"
+            )
+        self.args.ignore_data_skip = True
+        self._train_loader: ResumableLoader | None = None
+        self._restored_state: dict[str, Any] | None = None
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir)  # the Trainer resolves it the same way
+        if isinstance(checkpoint, (str, os.PathLike)):
+            path = Path(checkpoint) / STATE_FILE
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"{path} is missing: resume_from_checkpoint must name a checkpoint written by ResumableTrainer "
+                    f"(the Trainer would replay the data to its step instead)"
+                )
+            self._restored_state = json.loads(path.read_text())
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _get_train_sampler(self, train_dataset: Dataset | None = None) -> StatefulSampler:
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        seed = self.args.seed if self.args.data_seed is None else self.args.data_seed
+        return StatefulSampler(dataset, seed=seed, batch_size=self._train_batch_size)
+
+    def get_train_dataloader(self) -> ResumableLoader:  # type: ignore[override]
+        prepared = super().get_train_dataloader()
+        shard = getattr(prepared, "batch_sampler", None)
+        if getattr(shard, "num_processes", 1) > 1:
+            shard.num_processes, shard.process_index, shard.even_batches = 1, 0, False  # type: ignore[union-attr]
+        loader = ResumableLoader(prepared, epoch_sync=getattr(prepared, "set_epoch", None))  # Accelerate's pass count
+        accumulation = self.args.gradient_accumulation_steps
+        if len(loader) % accumulation:
+            raise ValueError(
+                f"gradient_accumulation_steps={accumulation} must divide the batches of an epoch ({len(loader)}): "
+                f"the Trainer counts a resumed epoch's accumulation from its first batch"
+            )
+        if self._restored_state is not None:
+            loader.load_state_dict(self._restored_state)
+            self._restored_state = None
+        self._train_loader = loader
+        return loader
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """Write the consumed position first: a folder whose trainer state is written then has it too."""
+        if self._train_loader is not None and self.args.should_save:
+            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / STATE_FILE).write_text(json.dumps(self._train_loader.state_dict()))
+        super()._save_checkpoint(model, trial)

@@ -1,0 +1,69 @@
+"""Which record sits at each stream position: a strategy's pass orders, or torch's ``randperm``.
+
+The only torch here is ``order="torch"``: the uniform strategy's exact ``DistributedSampler``
+sequence. Everything else comes from the pure strategies in ``order/``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from stateful_sampler.order.policies import Order
+from stateful_sampler.order.strategy import PassOrder, Strategy, Uniform
+
+# order="torch" holds randperm(N) as int64, 8 bytes a record: 2**31 records is already 16 GiB.
+MAX_TORCH_SIZE = 1 << 31
+
+
+class StreamRecords:
+    """Maps stream positions to records, pass by pass, keeping the last two passes' orders (``carry``
+    reads across one pass boundary at a time, and a pass's set-up is paid once)."""
+
+    def __init__(self, strategy: Strategy, order: Order, seed: int, size: int) -> None:
+        self._strategy = strategy
+        self._torch = order is Order.TORCH and isinstance(strategy, Uniform) and strategy.shuffle
+        self._seed = seed
+        self._size = size
+        self._cache: OrderedDict[int, PassOrder] = OrderedDict()
+
+    def pass_length(self, pass_index: int) -> int:
+        return self._strategy.pass_length(self._size, pass_index)
+
+    def __call__(self, base_pass: int, offsets: np.ndarray) -> np.ndarray:
+        """Records at stream positions ``offsets`` counted from the start of pass ``base_pass`` (negative
+        or past its end: carry reads across pass boundaries, whose passes all have one length); the
+        absolute position is never formed, so it may exceed int64."""
+        if offsets.size == 0:
+            return offsets
+        length = self.pass_length(base_pass)
+        first = int(offsets.min()) // length
+        last = int(offsets.max()) // length
+        if first == last:
+            # The usual block lies inside one pass: a subtraction instead of a per-element divmod.
+            local = offsets - first * length if first else offsets
+            return self._pass_order(base_pass + first)(local)
+        passes, local = np.divmod(offsets, length)
+        records = np.empty_like(local)
+        for relative_pass in range(first, last + 1):
+            in_pass = passes == relative_pass
+            records[in_pass] = self._pass_order(base_pass + relative_pass)(local[in_pass])
+        return records
+
+    def _pass_order(self, pass_index: int) -> PassOrder:
+        order = self._cache.get(pass_index)
+        if order is None:
+            order = self._build(pass_index)
+            self._cache[pass_index] = order
+            if len(self._cache) > 2:
+                self._cache.popitem(last=False)
+        return order
+
+    def _build(self, pass_index: int) -> PassOrder:
+        if not self._torch:
+            return self._strategy.pass_order(self._size, self._seed, pass_index)
+        generator = torch.Generator()
+        generator.manual_seed(self._seed + pass_index)
+        return torch.randperm(self._size, generator=generator).numpy().__getitem__

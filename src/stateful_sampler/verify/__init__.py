@@ -1,0 +1,10 @@
+"""``stateful-sampler verify``: prove that a run killed with SIGKILL and resumed equals an uninterrupted one.
+
+The core (running, killing, recording, comparing) imports no training framework. Runners: a
+LightningCLI config (``verify.lightning_cli``, the only module here importing Lightning) and any
+command (``verify.command``), recorded through the library's own ``ResumableLoader`` hook.
+"""
+
+from stateful_sampler.verify.loader_hook import record_weights
+
+__all__ = ["record_weights"]

@@ -1,0 +1,85 @@
+"""Recording a script that ``stateful-sampler verify -- COMMAND`` runs, without editing it.
+
+verify sets ``STATEFUL_SAMPLER_RECORD``; the first ``ResumableLoader`` the script builds then calls
+``record_from_environment``, which records every batch any ``ResumableLoader`` hands to the loop.
+A batch's place is the sampler's: its epoch and the batches of that epoch before it (taken when the
+pass starts, so a resumed pass counts from the restored position), not a count the script keeps.
+Each time a ``ResumableLoader`` gives its state, a checkpoint is recorded at the batches consumed so
+far. The script's one edit is ``record_weights(model)`` after training, a no-op unless verify runs it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
+from stateful_sampler.verify.recorder import RECORD_ENV, Recorder, claim_recorder
+
+
+
+class _LoaderRecording:
+    """One process's recording: where each sampler's pass started, and the batches consumed so far."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.steps = 0  # batches this process consumed: the step count of a fresh run
+        self.pass_starts: dict[int, tuple[int, int]] = {}  # id(sampler) -> (epoch, batches before the pass)
+
+    def pass_started(self, sampler: StatefulSampler) -> None:
+        before = len(sampler) - sampler.remaining_length()  # read before the pass moves the cursor
+        self.pass_starts[id(sampler)] = (sampler.epoch, before // (sampler.batch_size or 1))
+
+    def batch(self, loader: Any, batch: Any, consumed: int) -> None:
+        sampler = loader.sampler
+        epoch, before = self.pass_starts[id(sampler)]
+        self.recorder.batch(
+            batch,
+            rank=sampler.rank,
+            world_size=sampler.num_replicas,
+            epoch=epoch,
+            batch_idx=before + consumed - 1,
+            step=self.steps,
+        )
+        self.steps += 1
+
+    def state_taken(self, loader: Any, consumed: int) -> None:
+        """A checkpoint is being taken, after the batches this process consumed so far."""
+        self.recorder.checkpoint(rank=loader.sampler.rank, step=self.steps)
+
+
+def record_from_environment() -> None:
+    """Record this process's ``ResumableLoader`` batches when verify asked for it; idempotent."""
+    recorder = claim_recorder()
+    if recorder is None:
+        return
+    from stateful_sampler.loader import add_batch_hook, add_state_hook  # the loader calls this: no import cycle
+
+    recording = _LoaderRecording(recorder)
+    add_pass_start_hook(recording.pass_started)
+    add_batch_hook(recording.batch)
+    add_state_hook(recording.state_taken)
+
+
+def record_weights(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
+    """Save the final weights for verify to compare bitwise (rank 0 only); a no-op outside verify.
+
+    Call it once, after training, in a script that ``stateful-sampler verify -- COMMAND`` runs.
+
+    Example:
+        >>> from stateful_sampler.verify import record_weights
+        >>> record_weights(torch.nn.Linear(2, 1))   # outside verify: does nothing
+    """
+    if not os.environ.get(RECORD_ENV):
+        return
+    if isinstance(model, torch.nn.Module):
+        model = model.state_dict()
+    if not isinstance(model, Mapping):
+        raise TypeError(f"record_weights needs a torch.nn.Module or a state dict, got {type(model).__name__}")
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        Recorder.from_environment().weights(model)

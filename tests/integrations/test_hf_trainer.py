@@ -1,0 +1,68 @@
+"""HF Transformers Trainer, 2 CPU processes (torchrun, gloo), a tiny GPT-2 from a config: examples/hf_trainer.py.
+
+The SIGKILL mid-epoch and resume without replay, every batch and the final weights (dropout included)
+against an uninterrupted run, is ``stateful-sampler verify`` on the example in tests/test_examples.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integrations.harness import Run, assert_each_epoch_is_split_without_overlap, run
+
+transformers = pytest.importorskip("transformers")
+from stateful_sampler.hf_trainer import STATE_FILE, ResumableTrainer  # noqa: E402
+
+SCRIPT = ["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "examples/hf_trainer.py"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    root = tmp_path_factory.mktemp("hf-reference")
+    return run([*SCRIPT, "--root", str(root)], root / "records")
+
+
+@pytest.mark.slow
+def test_the_trainer_s_accelerate_sharding_is_a_pass_through_so_the_ranks_split_each_epoch_without_overlap(
+    reference: Run,
+) -> None:
+    assert [len(batches) for batches in reference.records.values()] == [34, 34]
+    assert_each_epoch_is_split_without_overlap(reference.records, size=204, epochs=2)
+
+
+def tiny_trainer(root: Path, **arguments: object) -> ResumableTrainer:
+    import torch
+
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 12
+
+        def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+            return {"input_ids": torch.tensor([index, index + 1]), "labels": torch.tensor([index, index + 1])}
+
+    config = transformers.GPT2Config(vocab_size=16, n_positions=2, n_embd=8, n_layer=1, n_head=1, bos_token_id=0,
+                                     eos_token_id=0)  # fmt: skip
+    args = transformers.TrainingArguments(output_dir=str(root), use_cpu=True, per_device_train_batch_size=4,
+                                          report_to="none", disable_tqdm=True, **arguments)  # fmt: skip
+    return ResumableTrainer(model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Pairs())
+
+
+def test_a_checkpoint_without_the_sampler_state_is_refused_rather_than_replayed(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint-5").mkdir()
+    trainer = tiny_trainer(tmp_path)
+    assert trainer.args.ignore_data_skip
+    with pytest.raises(FileNotFoundError, match=rf"checkpoint-5/{STATE_FILE} is missing: resume_from_checkpoint must "
+                       r"name a checkpoint written by ResumableTrainer"):  # fmt: skip
+        trainer.train(resume_from_checkpoint=True)
+
+
+def test_gradient_accumulation_that_does_not_divide_the_epoch_is_refused(tmp_path: Path) -> None:
+    trainer = tiny_trainer(tmp_path, gradient_accumulation_steps=2, dataloader_drop_last=False)
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps=2 must divide the batches of an epoch \(3\)"):
+        trainer.get_train_dataloader()
+
+
+def test_another_train_sampling_strategy_is_refused_rather_than_silently_replaced(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"train_sampling_strategy must be 'random' \(the default\), got 'group_by_length'"):
+        tiny_trainer(tmp_path, train_sampling_strategy="group_by_length")

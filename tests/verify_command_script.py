@@ -1,0 +1,72 @@
+"""A plain PyTorch training that ``stateful-sampler verify -- COMMAND`` runs (tests/test_verify_command.py).
+
+It meets verify's contract for commands and is not edited for verify: its batches pass through a
+``ResumableLoader``, it checkpoints into ``--root`` every ``--every`` steps and resumes from there
+when run again, and it calls ``record_weights`` at the end. ``--drawn-position`` is the classic bug:
+it saves the position the sampler *drew*, which 2 prefetching workers put ahead of training.
+``--ddp`` joins the process group torchrun sets up (gloo); rank 0 writes the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from stateful_sampler import ResumableLoader, StatefulSampler
+from stateful_sampler.verify import record_weights
+
+RECORDS, BATCH, EPOCHS = 96, 8, 2  # 12 steps an epoch on one process, 6 on two
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--drawn-position", action="store_true")
+    parser.add_argument("--ddp", action="store_true")
+    args = parser.parse_args()
+    if args.ddp:
+        dist.init_process_group("gloo")
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(RECORDS, 4, generator=generator), torch.randn(RECORDS, 1, generator=generator))
+    sampler = StatefulSampler(data, seed=3, batch_size=BATCH)
+    loader = ResumableLoader(DataLoader(data, sampler=sampler, batch_size=BATCH, num_workers=2))
+    torch.manual_seed(1)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    checkpoint, step = args.root / "last.pt", 0
+    if checkpoint.exists():
+        saved = torch.load(checkpoint)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        (sampler if args.drawn_position else loader).load_state_dict(saved["loader"])
+        step = saved["step"]
+    for epoch in range(loader.epoch, EPOCHS):
+        loader.set_epoch(epoch)
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(inputs), targets)
+            loss.backward()
+            if args.ddp:
+                for parameter in model.parameters():
+                    dist.all_reduce(parameter.grad)
+            optimizer.step()
+            step += 1
+            if step % args.every == 0 and int(os.environ.get("RANK", "0")) == 0:
+                position = sampler.state_dict() if args.drawn_position else loader.state_dict()
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": position}
+                torch.save({**state, "step": step}, args.root / "next.pt")
+                os.replace(args.root / "next.pt", checkpoint)
+    record_weights(model)
+    if args.ddp:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
