@@ -38,10 +38,7 @@ def run_ranks(command: list[str], world_size: int, cwd: Path, timeout: float, ra
     Each gets a process group of its own, so a rank left waiting in a collective (unequal step
     counts) is killed with its DataLoader workers when ``timeout`` passes, and the test fails
     with every rank's output instead of hanging CI."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    shared = {**os.environ, "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    shared = {**os.environ, "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": free_port(),
               "OMP_NUM_THREADS": "1", **(env or {})}  # fmt: skip
     ranks = [
         subprocess.Popen(command, env={**shared, rank_variable: str(rank)}, cwd=cwd, stdout=subprocess.PIPE,
@@ -56,3 +53,10 @@ def run_ranks(command: list[str], world_size: int, cwd: Path, timeout: float, ra
                 os.killpg(rank.pid, signal.SIGKILL)
     for rank, output in zip(ranks, outputs):
         assert rank.returncode == 0, output[-4000:]
+
+
+def free_port() -> str:
+    """A TCP port on loopback that nothing listens on now, for a gloo group's rendezvous."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])

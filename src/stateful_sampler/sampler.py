@@ -191,9 +191,13 @@ class StatefulSampler(DistributedSampler):
         The current epoch is the one a pass is drawing, or has drawn to its end, until ``set_epoch``
         or the next pass: DataLoader workers can draw a short epoch whole before training reads
         ``len(loader)``, and under ``carry`` the next epoch's length differs."""
-        layout = self._pass.layout if self._pass is not None else self._layout(self._cursor)
+        layout = self._current_layout()
         rank = self.rank
         return layout.local_before(rank) + layout.local_length(rank)
+
+    def _current_layout(self) -> EpochLayout:
+        """The epoch a pass is drawing, or has drawn to its end, else the one the cursor is in."""
+        return self._pass.layout if self._pass is not None else self._layout(self._cursor)
 
     def remaining_length(self) -> int:
         """The indices this rank's pass yields: the one under way, or else the next one (the rest of
@@ -316,7 +320,7 @@ class StatefulSampler(DistributedSampler):
         """An epoch's layout (default: the current one, as it is or was drawn, resumed segment
         included): its length, padding and carried positions, for tools such as the coverage audit
         that must answer from the sampler's own arithmetic."""
-        current = self._pass.layout if self._pass is not None else self._layout(self._cursor)
+        current = self._current_layout()
         if epoch is None or epoch == current.epoch:
             return current
         return self._layout(self._cursor_at(epoch))

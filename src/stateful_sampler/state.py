@@ -78,7 +78,7 @@ class SamplerState:
         if version == 1:
             uniform = Uniform(values["shuffle"])
             values.update(strategy=uniform.name, strategy_fingerprint=uniform.fingerprint())
-            values["epoch_end"] = _layout(values, values["size"], segment_start=0).length
+            values["epoch_end"] = _version_1_epoch_end(values)
         return cls(**{**values, "version": STATE_VERSION})
 
     def check_continues(self, current: SamplerState, pass_length: int, hint: str = "") -> None:
@@ -112,17 +112,17 @@ class SamplerState:
             )
 
 
-def _layout(values: Mapping[str, Any], pass_length: int, segment_start: int) -> EpochLayout:
+def _version_1_epoch_end(values: Mapping[str, Any]) -> int:
+    """A version 1 state's epoch end: uniform passes of N, always laid out from position 0."""
     world_size = values["world_size"]
     return EpochLayout.build(
         Tail(values["tail"]),
-        pass_length,
+        values["size"],
         world_size,
         values["epoch"],
         (values["batch_size"] or 1) * world_size,
         values["carry_start"],
-        segment_start,
-    )
+    ).length
 
 
 def _longest_epoch(state: SamplerState, pass_length: int) -> int:

@@ -6,11 +6,12 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 300
@@ -24,12 +25,6 @@ class Run:
 
     def resumed_from(self) -> int:
         return int(re.findall(r"resumed from step (\d+)", self.output)[-1])
-
-
-def free_port() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return str(probe.getsockname()[1])
 
 
 def run(command: list[str], record: Path, expect_kill: bool = False) -> Run:

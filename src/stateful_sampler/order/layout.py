@@ -77,11 +77,6 @@ class EpochLayout:
             end = segment_start + _remaining(tail, size, world_size, epoch, global_batch, carry_start, segment_start)
         return cls(tail, size, world_size, epoch, stream_start, segment_start, end)
 
-    @property
-    def pass_end(self) -> int:
-        """Stream position where the epoch's own permutation ends."""
-        return (self.epoch + 1) * self.size
-
     def local_length(self, rank: int) -> int:
         """How many positions rank ``rank`` takes in this epoch's segment."""
         return max(0, -(-(self.length - self.segment_start - rank) // self.world_size))
