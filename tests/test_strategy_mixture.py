@@ -204,6 +204,7 @@ def test_a_state_of_other_weights_or_another_split_is_refused_by_the_fingerprint
         with pytest.raises(IncompatibleStateError) as caught:
             StatefulSampler(60, strategy=other, batch_size=4).load_state_dict(state)
         assert caught.value.field == "strategy_fingerprint"
+        assert "start a new mixture from this step" in str(caught.value)
     same_ratios = StatefulSampler(60, strategy=Mixture([7, 23, 30], [0.5, 0.3, 0.2], num_samples=50), batch_size=4)
     same_ratios.load_state_dict(state)  # the weights normalise to the same ones: the same order
 
@@ -211,8 +212,13 @@ def test_a_state_of_other_weights_or_another_split_is_refused_by_the_fingerprint
 def test_a_source_added_between_runs_is_refused_naming_the_dataset_size() -> None:
     state = StatefulSampler(60, strategy=Mixture([7, 23, 30], [5, 3, 2], num_samples=50)).state_dict()
     grown = StatefulSampler(70, strategy=Mixture([7, 23, 30, 10], [5, 3, 2, 1], num_samples=50))
-    with pytest.raises(IncompatibleStateError, match=re.escape("state field 'size': saved 60, expected 70")):
+    with pytest.raises(IncompatibleStateError, match=re.escape("state field 'size': saved 60, expected 70")) as caught:
         grown.load_state_dict(state)
+    assert str(caught.value).endswith(
+        "the state belongs to another order; a Mixture's sizes, weights, num_samples and schedule are its identity: "
+        "to add or remove a source, start a new mixture from this step (docs/mixtures.md, "
+        "'Changing a mixture's sources')"
+    )
 
 
 @pytest.mark.parametrize(

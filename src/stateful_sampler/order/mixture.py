@@ -127,6 +127,12 @@ class Mixture(Strategy):
             raise ValueError(f"epoch times num_samples must stay below 2**62, got epoch {pass_index}")
         return _MixturePass(self, seed, pass_index)
 
+    def mismatch_hint(self) -> str:
+        return (
+            "a Mixture's sizes, weights, num_samples and schedule are its identity: to add or remove a source, "
+            "start a new mixture from this step (docs/mixtures.md, 'Changing a mixture's sources')"
+        )
+
     def _identity(self) -> tuple[Any, ...]:
         segments = ((start, period.counts) for start, period in zip(self._starts, self._periods))
         return (self.sizes, self.num_samples, *segments)
