@@ -85,6 +85,7 @@ class Setup:
     callback: bool = True
     second_loader_size: int = 0  # > 0: train on {"first": ..., "second": ...}, the second one cycled
     stateful_loader: bool = False  # torchdata's StatefulDataLoader instead of a DataLoader
+    dropout: float = 0.0  # > 0: nn.Dropout on the input, so training draws from torch's RNG
 
     def with_(self, **changes: Any) -> Setup:
         return replace(self, **changes)
@@ -120,6 +121,7 @@ class RecordingModel(LightningModule):
         super().__init__()
         self.setup_ = setup
         self.layer = nn.Linear(1, 1)
+        self.dropout = nn.Dropout(setup.dropout) if setup.dropout else nn.Identity()
         self.record: list[list[int]] = []
         self.padding: list[list[bool]] = []  # with keys: which occurrences of each step are padding
         self.epochs: list[int] = []  # the epoch of each step this process ran
@@ -144,21 +146,25 @@ class RecordingModel(LightningModule):
 
     def val_dataloader(self) -> DataLoader:
         dataset = IndexDataset(10)
-        return self.setup_.loader(dataset, StatefulSampler(dataset, shuffle=False, tail="uneven", batch_size=4))
+        loader = self.setup_.loader(dataset, StatefulSampler(dataset, shuffle=False, tail="uneven", batch_size=4))
+        # Its own generator: its iter() then draws no base seed from torch's RNG, so a fit that
+        # validates trains (dropout included) exactly as one that does not.
+        loader.generator = torch.Generator().manual_seed(0)
+        return loader
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if isinstance(batch, dict):  # the second loader's records are told apart by a minus sign
             (first, _), (second, x) = batch["first"], batch["second"]
             self.record.append(first.tolist() + [-1 - index for index in second.tolist()])
             self.epochs.append(self.current_epoch)
-            return self.layer(x).pow(2).mean()
+            return self.layer(self.dropout(x)).pow(2).mean()
         if self.setup_.keys:
             batch, keys = batch
             self.padding.append(keys.is_padding.tolist())
         index, x = batch
         self.record.append(index.tolist())
         self.epochs.append(self.current_epoch)
-        return self.layer(x).pow(2).mean()
+        return self.layer(self.dropout(x)).pow(2).mean()
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         index, _ = batch

@@ -3,7 +3,8 @@
 Each stop mode takes a ``Setup`` and an empty directory, stops a fit of it part-way, resumes
 it, and returns the resumed model: its record (carried through the checkpoints) and weights must
 be those of one uninterrupted fit. ``STOP_SETUP``: 22 records in batches of 4, 6 steps an epoch,
-3 epochs; every stop falls mid-epoch unless its name says otherwise.
+3 epochs, a model with dropout (its weights match only if the RNG states resumed too); every stop
+falls mid-epoch unless its name says otherwise.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tests.lightning.lightning_harness import (
     seed_everything,
 )
 
-STOP_SETUP = Setup(max_epochs=3)
+STOP_SETUP = Setup(max_epochs=3, dropout=0.5)
 KILL_AT = 10  # after the checkpoint of step 8
 TIMEOUT = 120.0
 
@@ -72,6 +73,25 @@ def max_steps_chunks(setup: Setup, directory: Path) -> RecordingModel:
     return model
 
 
+def max_steps_at_epoch_end(setup: Setup, directory: Path) -> RecordingModel:
+    """Issue 17 item 1: ``max_steps=6`` ends exactly with epoch 0; the next job must train all of
+    epoch 1 (Lightning restarts such a checkpoint inside the finished epoch)."""
+    first = fit(setup, [ModelCheckpoint(directory, save_last=True)], max_steps=6, enable_checkpointing=True)
+    assert first.epochs == [0] * 6
+    last = ModelCheckpoint(directory, save_last=True)
+    return fit(setup, [last], ckpt_path="last", max_steps=20, enable_checkpointing=True)
+
+
+def save_checkpoint_after_fit_at_epoch_end(setup: Setup, directory: Path) -> RecordingModel:
+    seed_everything(setup.seed, verbose=False)
+    model = RecordingModel(setup)
+    trainer = make_trainer(setup, max_steps=12)
+    trainer.fit(model)
+    assert model.epochs == [0] * 6 + [1] * 6
+    trainer.save_checkpoint(directory / "after_fit.ckpt")
+    return fit(setup, ckpt_path=directory / "after_fit.ckpt")
+
+
 def exception_with_on_exception_checkpoint(setup: Setup, directory: Path) -> RecordingModel:
     with pytest.raises(Interrupt):
         fit(setup, [RaiseAt(9), OnExceptionCheckpoint(directory)], enable_checkpointing=True)
@@ -107,6 +127,8 @@ STOP_MODES: dict[str, Callable[[Setup, Path], RecordingModel]] = {
     "max-steps-chunks": max_steps_chunks,
     "exception-on-exception-checkpoint": exception_with_on_exception_checkpoint,
     "save-checkpoint-after-fit": save_checkpoint_after_fit,
+    "max-steps-at-epoch-end": max_steps_at_epoch_end,
+    "save-checkpoint-after-fit-at-epoch-end": save_checkpoint_after_fit_at_epoch_end,
     "epoch-end": epoch_end,
     "after-validation": after_validation,
 }

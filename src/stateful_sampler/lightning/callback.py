@@ -6,6 +6,11 @@ the first pass of a train sampler starts (``add_pass_start_hook``) or, with no w
 ``on_train_start``, whichever comes first. The position saved is what the training loop has
 *processed*, counted from Lightning's batch progress, never what workers prefetched.
 
+With ``restore_rng_states`` (the default) the checkpoint also holds each rank's process RNG states
+(torch CPU and CUDA, NumPy, ``random``), which Lightning's own checkpoint does not: a model that
+draws from them (``nn.Dropout``) resumes bitwise, not only its data. They are put back at
+``on_train_start``, after the resumed fit's set-up has drawn from them (the loader's ``iter()``).
+
 The callback's state outlives the fit: ``OnExceptionCheckpoint`` saves after every callback's
 ``on_exception``, and ``trainer.save_checkpoint`` may run after ``fit`` returned, so the position
 where the fit stopped is kept until the next fit starts.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import os
+import torch.distributed as dist
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Callable
@@ -34,14 +40,21 @@ from stateful_sampler.lightning.loaders import (
     superseded_loader_states,
     train_samplers,
 )
-from stateful_sampler.lightning.restart import complete_saved_batch, drop_loader_states, mark_epoch_unfinished
+from stateful_sampler.lightning.restart import (
+    complete_saved_batch,
+    drop_loader_states,
+    mark_epoch_unfinished,
+    start_next_epoch,
+)
 from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
+from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
 from stateful_sampler.verify.recorder import RECORD_ENV
 
 if TYPE_CHECKING:  # either package's; see framework.py
     from lightning.pytorch import LightningModule, Trainer
 
-CALLBACK_STATE_VERSION = 2
+CALLBACK_STATE_VERSION = 3
+_READABLE_VERSIONS = (2, 3)  # version 2 holds no RNG states
 # Lightning warns on every mid-epoch resume whose loader has no state_dict; with our state loaded
 # the samplers carry the position, so the warning is wrong for this fit (and only for this fit).
 _NOT_RESUMABLE_WARNING = r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is"
@@ -51,8 +64,8 @@ _NOT_RESUMABLE_WARNING = r"You're resuming from a checkpoint that ended before t
 class _SavedPosition:
     """The callback's checkpoint entry: the epoch (as Lightning numbers it) and the batches processed
     in it, whether that ended the epoch for Lightning, the epoch's batch count as Lightning held it,
-    one state per train sampler in loader order, and which of Lightning's saved loader states these
-    replace."""
+    one state per train sampler in loader order, which of Lightning's saved loader states these
+    replace, and each rank's process RNG states (``None``: not saved)."""
 
     epoch: int
     batches_processed: int
@@ -60,6 +73,7 @@ class _SavedPosition:
     epoch_batches: dict[str, Any]
     samplers: list[dict[str, Any]]
     superseded_loader_states: list[int]
+    rng_states: list[dict[str, Any]] | None = None
 
     @property
     def mid_epoch(self) -> bool:
@@ -70,14 +84,14 @@ class _SavedPosition:
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> _SavedPosition:
-        if state.get("version") != CALLBACK_STATE_VERSION:
-            raise IncompatibleStateError(
-                "SamplerCheckpoint version", state.get("version", "<missing>"), CALLBACK_STATE_VERSION
-            )
+        version = state.get("version", "<missing>")
+        if version not in _READABLE_VERSIONS:
+            raise IncompatibleStateError("SamplerCheckpoint version", version, CALLBACK_STATE_VERSION)
+        optional = {"rng_states"} if version == 2 else set()
         for field in fields(cls):
-            if field.name not in state:
+            if field.name not in state and field.name not in optional:
                 raise IncompatibleStateError(f"SamplerCheckpoint {field.name}", "<missing>", field.type)
-        return cls(**{field.name: state[field.name] for field in fields(cls)})
+        return cls(**{field.name: state[field.name] for field in fields(cls) if field.name in state})
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,13 @@ class SamplerCheckpointHooks:
     It keeps Lightning's per-epoch batch count equal to what the samplers yield (``epoch_length``)
     and, in a checkpoint it saved, replaces the train loaders' own saved positions (``restart``).
 
+    Args:
+        restore_rng_states: save each rank's process RNG states (torch CPU and CUDA, NumPy, ``random``)
+            with the position and put them back on resume, so that a model drawing from them
+            (``nn.Dropout``) resumes bitwise. Lightning does not save them. They are put back only
+            at the world size they were saved at (at another one no uninterrupted run has the
+            same per-rank randomness); ``False`` leaves the RNGs to the user's seeding.
+
     This is the implementation; the callback is ``stateful_sampler.lightning.SamplerCheckpoint`` for
     ``lightning.pytorch`` and ``stateful_sampler.pytorch_lightning.SamplerCheckpoint`` for the classic
     package: this class under each package's ``Callback``.
@@ -120,7 +141,8 @@ class SamplerCheckpointHooks:
 
     state_key: str  # Lightning's Callback provides it
 
-    def __init__(self) -> None:
+    def __init__(self, *, restore_rng_states: bool = True) -> None:
+        self.restore_rng_states = restore_rng_states
         self._remove_hook: Callable[[], None] | None = None
         self._recording: Any = None  # verify's recording of this process, when verify runs it
         self._warning_filter: tuple[Any, ...] | None = None
@@ -178,7 +200,8 @@ class SamplerCheckpointHooks:
     # -- checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        return self._position() if self._remove_hook is not None else self._stopped
+        position = self._position() if self._remove_hook is not None else self._stopped
+        return _with_every_rank_rng(position)
 
     def _position(self) -> dict[str, Any]:
         """The position the training loop has processed, or the one still waiting to be restored."""
@@ -203,7 +226,10 @@ class SamplerCheckpointHooks:
         finished = processed >= trainer.num_training_batches
         epoch_batches = asdict(lightning_epoch_batches(trainer))
         superseded = superseded_loader_states(trainer)
-        return _SavedPosition(epoch, processed, finished, epoch_batches, states, superseded).to_dict()
+        position = _SavedPosition(epoch, processed, finished, epoch_batches, states, superseded).to_dict()
+        if self.restore_rng_states:
+            position[_OWN_RNG] = capture_rng_states()  # this rank's; state_dict() gathers every rank's
+        return position
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         """Runs before Lightning restores its loops from ``checkpoint``: make them agree with our state."""
@@ -215,6 +241,8 @@ class SamplerCheckpointHooks:
         saved = _SavedPosition.from_dict(entry)
         if saved.mid_epoch:
             mark_epoch_unfinished(checkpoint, saved.epoch)
+        elif saved.epoch_finished and not framework_of(trainer).restarts_from_completed:
+            start_next_epoch(checkpoint, saved.epoch)
         drop_loader_states(checkpoint, saved.superseded_loader_states)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -242,7 +270,22 @@ class SamplerCheckpointHooks:
                 restart_train_iteration(trainer)
         elif trainer.ckpt_path is not None and not self._loaded:
             self._resume_without_state(trainer, samplers)
+        self._restore_rng_states(trainer)
         self._count_first_epoch(trainer)
+
+    def _restore_rng_states(self, trainer: Trainer) -> None:
+        """Put this rank's saved RNG states back, now that the fit's set-up has drawn from them."""
+        resumed = self._resumed
+        if not self.restore_rng_states or resumed is None or not resumed.rng_states:
+            return
+        if len(resumed.rng_states) != trainer.world_size:
+            return  # another world size: no uninterrupted run has these ranks' randomness
+        restore_rng_states(resumed.rng_states[trainer.global_rank])
+        if resumed.epoch_finished:
+            # The uninterrupted fit starts the next epoch's pass after the save, and the loader's
+            # iter() draws its workers' base seed from torch's RNG; the resumed fit's pass began
+            # before the restore. Begin it again, so that it draws what the uninterrupted one did.
+            restart_train_iteration(trainer)
 
     def _count_first_epoch(self, trainer: Trainer) -> None:
         resumed = self._resumed
@@ -335,6 +378,25 @@ class SamplerCheckpointHooks:
                 sampler.set_epoch(sampler.epoch + 1)
             self._passes[sampler] = _PassStart(batches_before, sampler.epoch, sampler.state_dict(), started=False)
         self._pending, self._resumed = None, saved
+
+
+_OWN_RNG = "_own_rng_states"  # a position's RNG states of this rank only, until state_dict() gathers them
+
+
+def _with_every_rank_rng(position: dict[str, Any]) -> dict[str, Any]:
+    """``position`` with this rank's RNG states replaced by every rank's, in rank order (a collective
+    under DDP: Lightning asks every rank for callback states at each save, and rank 0 writes them)."""
+    if _OWN_RNG not in position:
+        return position
+    position = dict(position)
+    own = position.pop(_OWN_RNG)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, own)
+    else:
+        every = [own]
+    position["rng_states"] = every
+    return position
 
 
 def _state_after(sampler: StatefulSampler, origin: dict[str, Any], consumed_batches: int) -> dict[str, Any]:

@@ -12,6 +12,13 @@ Two things in a Lightning checkpoint contradict the position the callback saved:
   position, which Lightning restores into the same sampler, at another moment, and not at all when
   ``estimated_stepping_batches`` was read early (#20550). Its saved state is dropped, so the
   callback's position is the only one.
+- A checkpoint written at an epoch's end from ``on_train_epoch_end`` (``ModelCheckpoint``'s
+  end-of-epoch save) or after ``fit`` returned holds an epoch that Lightning counts as processed
+  but, inside the hook, not yet completed, and the finished epoch's batch progress. With
+  ``max_steps`` set, Lightning restarts such a checkpoint *inside* the finished epoch: it skips
+  ``on_train_epoch_start``, takes one more batch into the finished epoch (validation has not run
+  since the restart) and only then starts the next. The finished epoch is marked completed and
+  its batch progress emptied, so the resume starts the next epoch as an uninterrupted fit does.
 """
 
 from __future__ import annotations
@@ -27,6 +34,20 @@ def mark_epoch_unfinished(checkpoint: dict[str, Any], epoch: int) -> None:
     for tracker in (progress["total"], progress["current"]):
         if tracker["processed"] > epoch:
             tracker["processed"] = tracker["completed"] = epoch
+
+
+def start_next_epoch(checkpoint: dict[str, Any], epoch: int) -> None:
+    """Count ``epoch``, whose batches were all processed, as completed, with no batch of the next
+    epoch begun: the checkpoint then restarts where the next epoch starts."""
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    progress = fit_loop.get("epoch_progress")
+    batches = fit_loop.get("epoch_loop.batch_progress")
+    if progress is None or batches is None or progress["current"]["processed"] != epoch + 1:
+        return  # saved before Lightning counted the epoch processed: it finishes the epoch itself
+    for tracker in (progress["total"], progress["current"]):
+        tracker["completed"] = tracker["processed"]
+    batches["current"] = {name: 0 for name in batches["current"]}
+    batches["is_last_batch"] = False
 
 
 def complete_saved_batch(checkpoint: dict[str, Any]) -> None:
@@ -48,10 +69,15 @@ def complete_saved_batch(checkpoint: dict[str, Any]) -> None:
 
 
 def drop_loader_states(checkpoint: dict[str, Any], indices: list[int]) -> None:
-    """Empty the saved states of the loaders at ``indices`` (an empty state restores nothing)."""
+    """Empty the saved states of the loaders at ``indices`` (an empty state restores nothing in a
+    ``StatefulDataLoader``). When that is all of them, no state is left for Lightning to restore:
+    a ``ResumableLoader`` refuses an empty state, and the callback's position is the one to use."""
     fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
     states = fit_loop.get("state_dict", {}).get("combined_loader")
     if not states:
+        return
+    if set(range(len(states))) <= set(indices):
+        states.clear()
         return
     for index in indices:
         if index < len(states):
