@@ -59,6 +59,8 @@ def prepare_loader(accelerator: Accelerator, loader: DataLoader) -> ResumableLoa
         use_stateful_dataloader=accelerator.use_stateful_dataloader,
     )
     # DataLoaderShard sets the sampler's epoch from its own pass count, which restarts at 0 in a resumed process.
-    resumable = ResumableLoader(prepared, epoch_sync=prepared.set_epoch)
+    # Accelerate's save_state/load_state carry every process's RNG states themselves: the loader's would be a
+    # second copy, of rank 0's only (Accelerate saves registered objects from the main process).
+    resumable = ResumableLoader(prepared, epoch_sync=prepared.set_epoch, rng_states=False)
     accelerator.register_for_checkpointing(resumable)
     return resumable

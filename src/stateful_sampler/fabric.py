@@ -8,14 +8,25 @@ loader keeps that count equal to the sampler's epoch, so a restored epoch is not
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from lightning.fabric import Fabric
 from stateful_sampler.loader import ResumableLoader, find_sampler
 
 
-def setup_dataloader(fabric: Fabric, loader: DataLoader, *, move_to_device: bool = True) -> ResumableLoader:
+def setup_dataloader(
+    fabric: Fabric, loader: DataLoader, *, move_to_device: bool = True, rng_states: bool = True
+) -> ResumableLoader:
     """``fabric.setup_dataloaders(loader)`` as a ``ResumableLoader``: put it in ``fabric.save``'s state as is.
+
+    ``rng_states`` (default on: ``fabric.save`` does not save them) puts every process's RNG states (torch CPU
+    and CUDA, NumPy, ``random``) in the loader's state, and ``fabric.load`` gives each process its own back, so
+    a model with dropout resumes bitwise. Load the loader after anything else that draws from them. At another
+    world size they are not restored (no uninterrupted run has those ranks' randomness).
 
     Example::
 
@@ -40,4 +51,29 @@ def setup_dataloader(fabric: Fabric, loader: DataLoader, *, move_to_device: bool
     def sync_fabric_epoch(epoch: int) -> None:
         prepared._num_iter_calls = epoch  # Fabric's pass count, which it passes to sampler.set_epoch
 
-    return ResumableLoader(prepared, epoch_sync=sync_fabric_epoch)
+    return _FabricLoader(prepared, epoch_sync=sync_fabric_epoch, rng_states=rng_states)
+
+
+class _FabricLoader(ResumableLoader):
+    """Under several processes ``fabric.save`` writes rank 0's state only, so the state carries every
+    rank's RNG states (gathered at the save, which Fabric runs on every rank) and each rank loads its own."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if state.get("rng_states") is not None and dist.is_available() and dist.is_initialized():
+            every: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(every, state["rng_states"])
+            state["rng_states"] = {_EVERY_RANK: every}
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        saved = state.get("rng_states") if isinstance(state, Mapping) else None
+        if isinstance(saved, Mapping) and _EVERY_RANK in saved:
+            ranks = saved[_EVERY_RANK]
+            world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+            rank = dist.get_rank() if world > 1 else 0
+            state = {**state, "rng_states": ranks[rank] if len(ranks) == world else None}
+        super().load_state_dict(state)
+
+
+_EVERY_RANK = "every_rank"

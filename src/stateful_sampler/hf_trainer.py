@@ -75,7 +75,8 @@ class ResumableTrainer(Trainer):
         shard = getattr(prepared, "batch_sampler", None)
         if getattr(shard, "num_processes", 1) > 1:
             shard.num_processes, shard.process_index, shard.even_batches = 1, 0, False  # type: ignore[union-attr]
-        loader = ResumableLoader(prepared, epoch_sync=getattr(prepared, "set_epoch", None))  # Accelerate's pass count
+        # epoch_sync: Accelerate's pass count; the Trainer saves and restores each process's RNG states itself
+        loader = ResumableLoader(prepared, epoch_sync=getattr(prepared, "set_epoch", None), rng_states=False)
         accumulation = self.args.gradient_accumulation_steps
         if len(loader) % accumulation:
             raise ValueError(

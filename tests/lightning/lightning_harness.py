@@ -275,3 +275,32 @@ def make_trainer(setup: Setup, callbacks: Sequence[Callback] = (), **trainer_arg
 def resumed_record(setup: Setup, checkpoint: Path | str, **trainer_args: Any) -> list[list[int]]:
     """The record before ``checkpoint`` followed by what a new Trainer resumed from it sees."""
     return fit(setup, ckpt_path=checkpoint, **trainer_args).record
+
+
+# SamplerCheckpoint's resume guard reaches every Trainer through an entry point (pyproject.toml), which
+# exists once the package is installed. Tests install it themselves, and take it away for controls
+# that show what Lightning does alone.
+_GUARD_FACTORY = {"lightning": "lightning_guard", "pytorch_lightning": "pytorch_lightning_guard"}[PACKAGE]
+_REGISTRY = {"lightning": "lightning.fabric.utilities.registry", "pytorch_lightning": "lightning_fabric.utilities.registry"}
+
+
+def install_resume_guard(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """Register the guard's entry point as pyproject.toml does, through a distribution on ``sys.path``."""
+    info = directory / "stateful_sampler_guard_test-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: stateful-sampler-guard-test\nVersion: 0\n")
+    group = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_lightning"}[PACKAGE] + ".callbacks_factory"
+    entry = f"stateful_sampler = stateful_sampler.lightning.guard:{_GUARD_FACTORY}"
+    (info / "entry_points.txt").write_text(f"[{group}]\n{entry}\n")
+    monkeypatch.syspath_prepend(str(directory))
+
+
+def without_resume_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning alone: no callback factory of ours, even when the package's entry point is installed."""
+    import importlib
+    from importlib.metadata import entry_points
+
+    def others(group: str) -> list[Any]:
+        return [point for point in entry_points(group=group) if not point.value.startswith("stateful_sampler.")]
+
+    monkeypatch.setattr(importlib.import_module(_REGISTRY[PACKAGE]), "entry_points", others)

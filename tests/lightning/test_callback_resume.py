@@ -26,6 +26,7 @@ from tests.lightning.lightning_harness import (
     Setup,
     fit,
     resumed_record,
+    without_resume_guard,
     setups,
 )
 
@@ -116,8 +117,10 @@ def test_an_end_of_epoch_checkpoint_saved_without_the_callback_resumes_exactly(
         assert resumed_record(setup, checkpoint) == uninterrupted, name
 
 
-def test_the_record_tells_a_broken_resume_apart(tmp_path: Path) -> None:
-    """Control: without the callback, Lightning replays the epoch's first batches after a mid-epoch resume."""
+def test_the_record_tells_a_broken_resume_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: without the callback, Lightning replays the epoch's first batches after a mid-epoch resume
+    (Lightning alone: the guard of our entry point refuses this resume)."""
+    without_resume_guard(monkeypatch)
     setup = Setup(callback=False)
     save = SaveAt(tmp_path, after_batches=(3,))
     uninterrupted = fit(setup, [save]).record
@@ -250,10 +253,11 @@ def test_any_checkpoint_of_any_policy_resumes_exactly(
 
 @pytest.mark.parametrize("callback", [True, False])
 def test_lightnings_not_resumable_warning_is_silenced_only_when_the_samplers_carry_the_position(
-    callback: bool, tmp_path: Path
+    callback: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import warnings
 
+    without_resume_guard(monkeypatch)  # without the callback: Lightning alone, whose warning this is
     setup = Setup(callback=callback)
     save = SaveAt(tmp_path, after_batches=(3,))
     fit(setup, [save])

@@ -81,8 +81,8 @@ def _loader_batches(trainer: Trainer, loader: object, batches_before: int) -> in
         return framework.parse_num_batches(framework.training_stage, len(loader), trainer.limit_train_batches)  # type: ignore[arg-type]
     cap = _epoch_cap(trainer, loader)
     batch_size, drop_last = loader_batching(loader, samplers[0])
-    remaining = samplers[0].remaining_length()
-    rest = remaining // batch_size if drop_last else -(-remaining // batch_size)
+    pass_length = samplers[0].pass_length()  # the pass under way from its start, whatever it drew already
+    rest = pass_length // batch_size if drop_last else -(-pass_length // batch_size)
     return min(cap, batches_before + rest)
 
 
