@@ -76,7 +76,7 @@ class ResumableTrainer(Trainer):
         if getattr(shard, "num_processes", 1) > 1:
             shard.num_processes, shard.process_index, shard.even_batches = 1, 0, False  # type: ignore[union-attr]
         # epoch_sync: Accelerate's pass count; the Trainer saves and restores each process's RNG states itself
-        loader = ResumableLoader(prepared, epoch_sync=getattr(prepared, "set_epoch", None), rng_states=False)
+        loader = _TrainerLoader(prepared, epoch_sync=getattr(prepared, "set_epoch", None), rng_states=False)
         accumulation = self.args.gradient_accumulation_steps
         if len(loader) % accumulation:
             raise ValueError(
@@ -96,3 +96,17 @@ class ResumableTrainer(Trainer):
             folder.mkdir(parents=True, exist_ok=True)
             (folder / STATE_FILE).write_text(json.dumps(self._train_loader.state_dict()))
         super()._save_checkpoint(model, trial)
+
+
+class _TrainerLoader(ResumableLoader):
+    """The Trainer derives ``max_steps`` and the epoch it resumes in (``global_step // steps per epoch``) from
+    ``len(loader)`` at the start of ``train``, and runs every epoch, the resumed one included, for that many
+    batches. So its length is a whole epoch's batches on this rank, the same on every rank in step, not the
+    rest of the pass a resumed loader has left (0 after a checkpoint at an epoch's end): a length that
+    differs between ranks makes them disagree about ``max_steps`` and hangs DDP."""
+
+    def __len__(self) -> int:
+        records = len(self.sampler)
+        batch = self.sampler.batch_size or 1
+        return records // batch if self._drop_last else -(-records // batch)
+

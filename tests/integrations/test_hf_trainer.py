@@ -66,3 +66,29 @@ def test_gradient_accumulation_that_does_not_divide_the_epoch_is_refused(tmp_pat
 def test_another_train_sampling_strategy_is_refused_rather_than_silently_replaced(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"train_sampling_strategy must be 'random' \(the default\), got 'group_by_length'"):
         tiny_trainer(tmp_path, train_sampling_strategy="group_by_length")
+
+
+EPOCH_END_RUN = ["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "tests/integrations/hf_epoch_end_run.py"]
+
+
+def _summaries(record: Path) -> list[dict[str, int]]:
+    import json
+
+    return [json.loads((record / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.slow
+def test_a_resume_from_an_epoch_end_checkpoint_agrees_on_max_steps_on_every_rank_and_trains_the_rest(
+    tmp_path: Path,
+) -> None:
+    """Issue 17, item 7: 27 records on 2 ranks (pad: 14 a rank). After the checkpoint at the end of epoch 0 the
+    ranks once computed max_steps 42 and 39 from len(loader) 14 and 13, and DDP hung."""
+    uninterrupted = run([*EPOCH_END_RUN, str(tmp_path / "a"), "3"], tmp_path / "a-records")
+    assert _summaries(tmp_path / "a-records") == [{"max_steps": 42, "global_step": 42}] * 2
+
+    run([*EPOCH_END_RUN, str(tmp_path / "b"), "1"], tmp_path / "b-records")
+    assert sorted(path.name for path in (tmp_path / "b").iterdir()) == ["checkpoint-14"]
+    resumed = run([*EPOCH_END_RUN, str(tmp_path / "b"), "3"], tmp_path / "b-records")  # hangs until TIMEOUT if not
+    assert _summaries(tmp_path / "b-records") == [{"max_steps": 42, "global_step": 42}] * 2
+    assert resumed.records == uninterrupted.records  # every rank: epoch 0 before the checkpoint, then epochs 1 and 2
+    assert [len(batches) for batches in resumed.records.values()] == [42, 42]
