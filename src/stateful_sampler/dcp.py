@@ -38,12 +38,23 @@ class DistributedLoaderState:
         return {"ranks": ranks}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Each rank's RNG states (``ResumableLoader(rng_states=True)``) are its own; they go back to the same
+        rank at the same world size, and at another one are not restored."""
         ranks = state.get("ranks") if isinstance(state, Mapping) else None
         if not isinstance(ranks, list) or not ranks or not all(isinstance(saved, str) for saved in ranks):
             raise IncompatibleStateError("ranks", ranks, "a list of each rank's state, from DistributedLoaderState")
-        for rank, saved in enumerate(ranks):
-            if saved != ranks[0]:
+        saved_states = [json.loads(saved) for saved in ranks]
+        positions = [json.dumps(_without_rng(saved), sort_keys=True) for saved in saved_states]
+        for rank, position in enumerate(positions):
+            if position != positions[0]:
                 raise IncompatibleStateError(
-                    "ranks", f"rank {rank}: {saved}", ranks[0], "the saving ranks were not in step (rank 0 differs)"
+                    "ranks", f"rank {rank}: {position}", positions[0], "the saving ranks were not in step (rank 0 differs)"
                 )
-        self.loader.load_state_dict(json.loads(ranks[0]))
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        rank = dist.get_rank() if world > 1 else 0
+        own = saved_states[rank] if len(saved_states) == world else {**saved_states[0], "rng_states": None}
+        self.loader.load_state_dict(own)
+
+
+def _without_rng(state: Any) -> Any:
+    return {key: value for key, value in state.items() if key != "rng_states"} if isinstance(state, dict) else state

@@ -71,3 +71,38 @@ def test_ranks_that_saved_different_positions_are_refused() -> None:
 def test_a_state_without_the_ranks_list_is_refused(state: object) -> None:
     with pytest.raises(IncompatibleStateError, match=r"state field 'ranks'.*a list of each rank's state"):
         DistributedLoaderState(make_loader()).load_state_dict(state)  # type: ignore[arg-type]
+
+
+def _loader() -> ResumableLoader:
+    return ResumableLoader(DataLoader(range(12), sampler=StatefulSampler(12, batch_size=2, seed=5), batch_size=2))
+
+
+def test_ranks_whose_rng_states_differ_are_in_step_and_another_world_size_restores_none_of_them() -> None:
+    """Each rank's RNG states are its own (ResumableLoader saves them by default); only the position must agree."""
+    import random
+
+    import torch
+
+    saving = _loader()
+    next(iter(saving))
+    states = []
+    for seed in (1, 2):  # two ranks, seeded apart
+        torch.manual_seed(seed)
+        states.append(json.dumps(saving.state_dict(), sort_keys=True))
+    assert states[0] != states[1]
+    torch.manual_seed(99)
+    random_before = random.getstate()
+    expected = torch.rand(3)
+    torch.manual_seed(99)
+    restored = _loader()
+    DistributedLoaderState(restored).load_state_dict({"ranks": states})  # saved by 2 ranks, loaded by 1
+    assert torch.equal(torch.rand(3), expected) and random.getstate() == random_before  # no rank's RNG restored
+    assert [batch.tolist() for batch in restored] == [batch.tolist() for batch in saving]
+
+
+def test_ranks_at_different_positions_are_still_refused() -> None:
+    first, second = _loader(), _loader()
+    next(iter(second))
+    states = [json.dumps(loader.state_dict(), sort_keys=True) for loader in (first, second)]
+    with pytest.raises(IncompatibleStateError, match=r"the saving ranks were not in step \(rank 0 differs\)"):
+        DistributedLoaderState(_loader()).load_state_dict({"ranks": states})
