@@ -148,8 +148,10 @@ def test_a_stateful_dataloader_checkpoint_after_an_epochs_last_batch_resumes_the
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_state_taken_after_a_new_iter_describes_the_new_pass(num_workers: int) -> None:
-    """Abandon an iteration after 2 batches, iter() again, save before the first batch: the new
-    pass starts at the committed position (the epoch's start), and so does the resume."""
+    """Abandon an iteration after 2 batches, iter() again, save before the first batch: the resume
+    yields what the new pass yields. That pass continues from the 2 batches drawn at 0 workers (docs/core.md,
+    "Epoch ends and early exits"; it restarted before issue 17), and restarts from the epoch's start where
+    workers drew ahead of the loop."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     def make() -> tuple[StatefulSampler, StatefulDataLoader]:
@@ -158,14 +160,15 @@ def test_a_state_taken_after_a_new_iter_describes_the_new_pass(num_workers: int)
 
     sampler, loader = make()
     iterator = iter(loader)
-    next(iterator), next(iterator)
+    head = [next(iterator).tolist(), next(iterator).tolist()]
     iterator = iter(loader)
     saved = loader.state_dict()
     uninterrupted = [batch.tolist() for batch in iterator]
     sampler, loader = make()
     loader.load_state_dict(saved)
     assert [batch.tolist() for batch in loader] == uninterrupted
-    assert sorted(record for batch in uninterrupted for record in batch) == list(range(40))
+    epoch = [b.tolist() for b in torch.tensor(StatefulSampler(40, seed=5).indices(0)).split(4)]
+    assert uninterrupted == (epoch[2:] if num_workers == 0 else epoch) and head == epoch[:2]
 
 
 def test_uneven_ranks_report_the_same_position_at_the_epochs_end() -> None:
@@ -174,8 +177,9 @@ def test_uneven_ranks_report_the_same_position_at_the_epochs_end() -> None:
     for sampler in samplers:
         list(sampler)
     assert {sampler.state_dict(consumed_batches=3)["position"] for sampler in samplers} == {63}
-    assert {sampler.state_dict()["position"] for sampler in samplers} == {63}
-    after = resumed(samplers[4].state_dict(), 63, 6, 4, tail="uneven")
+    # the passes ended: every rank says the next epoch's start (issue 17; it said epoch 0's end before)
+    assert {(sampler.state_dict()["epoch"], sampler.state_dict()["position"]) for sampler in samplers} == {(1, 0)}
+    after = resumed(samplers[4].state_dict(consumed_batches=3), 63, 6, 4, tail="uneven")
     assert [list(sampler) for sampler in after] == [[]] * 6
 
 
@@ -235,7 +239,7 @@ def test_two_iterators_over_one_sampler_each_yield_the_epoch_and_the_state_follo
     b = [next(second) for _ in range(3)]
     assert a[:3] == b  # each is a whole pass from the committed position
     assert sampler.state_dict()["position"] == 3  # the newest pass
-    assert a + list(first) == sampler.indices(0).tolist()
+    assert a + list(first) == StatefulSampler(20, seed=1).indices(0).tolist()  # the live indices(0) is the rest
 
 
 def test_a_version_1_state_from_release_0_1_0_still_loads() -> None:

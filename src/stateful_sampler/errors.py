@@ -44,3 +44,13 @@ class ConfigError(ValueError):
 
 class TrainingRunError(RuntimeError):
     """A training subprocess failed, overstayed its timeout, or never reached the kill point."""
+
+
+class PrefetchedStateError(RuntimeError):
+    """``sampler.state_dict()`` mid-pass where DataLoader workers drew ahead of training and no wrapping
+    ``ResumableLoader`` says what was consumed; the message names the three exact ways to save."""
+
+
+class StalePassError(RuntimeError):
+    """A ``ResumableLoader`` iterator advanced after a newer ``iter(loader)`` or ``set_epoch`` replaced
+    its pass: its batches would count against the new pass."""

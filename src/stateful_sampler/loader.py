@@ -20,10 +20,18 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader
 
-from stateful_sampler.errors import DoubleShardingError, IncompatibleStateError, SamplerNotFoundError
-from stateful_sampler.sampler import StatefulSampler
+from stateful_sampler.checks import check_bool, check_int, check_optional_int
+from stateful_sampler.errors import DoubleShardingError, IncompatibleStateError, SamplerNotFoundError, StalePassError
+from stateful_sampler.order.layout import MAX_BATCH
+from stateful_sampler.sampler import StatefulSampler, set_consumed_source
+from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
 
-LOADER_STATE_VERSION = 1
+# 2 added ``rng_states``: the process's RNG states at the save (``None`` when not captured), kept
+# apart from the sampler's few hundred bytes. Version 1 states (release 0.1.0) still load.
+LOADER_STATE_VERSION = 2
+_READABLE_LOADER_VERSIONS = (1, 2)
+_LOADER_FIELDS = {1: {"version", "sampler"}, 2: {"version", "sampler", "rng_states"}}
+_SAMPLER_STATE_MARKERS = ("size", "seed", "epoch", "position")
 
 # Where frameworks keep the loader or sampler they wrap: torch's DataLoader and BatchSampler,
 # Fabric's _FabricDataLoader (_dataloader), Accelerate's DataLoaderShard / BatchSamplerShard /
@@ -59,28 +67,51 @@ def add_state_hook(hook: StateHook) -> Callable[[], None]:
 
 @dataclass(frozen=True)
 class LoaderState:
-    """What ``ResumableLoader.state_dict`` saves: the sampler's state at the consumed position."""
+    """What ``ResumableLoader.state_dict`` saves: the sampler's state at the consumed position, and the
+    process's RNG states (``seeding.snapshot``) when the loader captures them."""
 
     version: int
     sampler: dict[str, Any]
+    rng_states: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "sampler": dict(self.sampler)}
+        return {"version": self.version, "sampler": dict(self.sampler), "rng_states": self.rng_states}
 
     @classmethod
     def from_dict(cls, data: Any) -> LoaderState:
         if not isinstance(data, Mapping):
             expected = "a dict from ResumableLoader.state_dict()"
             raise IncompatibleStateError("loader state", type(data).__name__, expected)
+        if "sampler" not in data and all(name in data for name in _SAMPLER_STATE_MARKERS):
+            raise IncompatibleStateError(
+                "sampler",
+                "<missing>",
+                "a ResumableLoader state",
+                "this is a sampler state: pass it to the sampler (loader.sampler.load_state_dict(state)), "
+                "or save loader.state_dict() instead",
+            )
         version = data.get("version", "<missing>")
-        if type(version) is not int or version != LOADER_STATE_VERSION:
+        if type(version) is not int or version not in _READABLE_LOADER_VERSIONS:
             raise IncompatibleStateError("version", version, LOADER_STATE_VERSION, "unknown loader state version")
-        for name in sorted(set(data) - {"version", "sampler"}):
-            raise IncompatibleStateError(name, data[name], "<absent>", "not a field of loader state version 1")
+        for name in sorted(set(data) - _LOADER_FIELDS[version]):
+            raise IncompatibleStateError(name, data[name], "<absent>", f"not a field of loader state version {version}")
         sampler = data.get("sampler", "<missing>")
         if not isinstance(sampler, Mapping):
             raise IncompatibleStateError("sampler", sampler, "a dict from StatefulSampler.state_dict()")
-        return cls(version=version, sampler=dict(sampler))
+        rng_states = data.get("rng_states")
+        if rng_states is not None and not isinstance(rng_states, Mapping):
+            raise IncompatibleStateError("rng_states", type(rng_states).__name__, "None or a capture_rng_states() dict")
+        return cls(LOADER_STATE_VERSION, dict(sampler), None if rng_states is None else dict(rng_states))
+
+
+@dataclass
+class _LoaderPass:
+    """One pass of the loader over the rest of an epoch: what it yields and how much of it the loop took."""
+
+    epoch: int
+    batches: int  # the batches this pass yields (capped by batches_per_epoch)
+    consumed: int = 0  # batches handed to the loop
+    started: bool = False  # the first next() has run: epoch and position are read then
 
 
 class ResumableLoader:
@@ -88,81 +119,257 @@ class ResumableLoader:
 
     Args:
         loader: a ``DataLoader`` (or Fabric's / Accelerate's wrapper of one) whose sampler is a
-            ``StatefulSampler`` with ``batch_size`` set, directly or inside its batch sampler.
+            ``StatefulSampler``, directly or inside its batch sampler. The batch size is the
+            ``DataLoader``'s (or the sampler's, when only it has one; both: they must agree).
+            ``DataLoader(batch_size=None)`` yields records one by one: they are counted as such.
         epoch_sync: called with the sampler's epoch before each pass, for wrappers that set the
             sampler's epoch themselves from a count of their own passes (Fabric, Accelerate): a
             resumed process starts that count at 0, which would rewind the restored epoch.
+        batches_per_epoch: cap each epoch at this many batches (per rank), as Lightning's
+            ``limit_train_batches`` does: a pass stops there and the epoch counts as ended (the next
+            pass is the next epoch), so a state saved anywhere resumes exactly. ``None``: whole epochs.
+        rng_states: save the process's RNG states (torch CPU and CUDA, NumPy, ``random``) with the data
+            and restore them on load, so that dropout resumes bitwise (default ``True``). They are
+            this process's own: under a framework that saves rank 0's copy of the loader state for
+            every rank, pass ``False`` and let the framework restore RNGs.
+
+    Iteration (docs/core.md, "Epoch ends and early exits"): each ``iter()`` is a pass over the rest
+    of the current epoch, continuing from what the loop consumed; ``set_epoch`` and ``iter()`` start a
+    clean count, and an older iterator advanced after a newer one exists raises ``StalePassError``.
 
     Example:
         >>> from torch.utils.data import DataLoader
-        >>> loader = ResumableLoader(DataLoader(range(10), sampler=StatefulSampler(10, batch_size=4), batch_size=4))
+        >>> loader = ResumableLoader(DataLoader(range(10), sampler=StatefulSampler(10), batch_size=4))
         >>> first = next(iter(loader))
         >>> state = loader.state_dict()                # after 1 consumed batch, whatever workers prefetched
-        >>> resumed = ResumableLoader(DataLoader(range(10), sampler=StatefulSampler(10, batch_size=4), batch_size=4))
+        >>> resumed = ResumableLoader(DataLoader(range(10), sampler=StatefulSampler(10), batch_size=4))
         >>> resumed.load_state_dict(state)
+        >>> len(resumed)                               # the batches left in the epoch
+        2
         >>> [first.tolist()] + [batch.tolist() for batch in resumed] == [batch.tolist() for batch in loader]
         True
     """
 
-    def __init__(self, loader: Iterable[Any], *, epoch_sync: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        *,
+        epoch_sync: Callable[[int], None] | None = None,
+        batches_per_epoch: int | None = None,
+        rng_states: bool = True,
+    ) -> None:
         self.loader = loader
         self.sampler = find_sampler(loader)
+        self._records_per_batch = _records_per_batch(loader, self.sampler)
+        self._drop_last = _drops_last(loader)
+        self.batches_per_epoch = check_optional_int("batches_per_epoch", batches_per_epoch, minimum=1)
+        self.rng_states = check_bool("rng_states", rng_states)
         self._epoch_sync = epoch_sync
-        self._consumed: int | None = None  # batches of the pass under way; None: no pass under way
-        self._pass_epoch = 0
+        self._pass: _LoaderPass | None = None  # the pass begun by the latest iter(), until it ends or is replaced
+        self._token: object | None = None  # the latest iterator's; an older one is stale
         self._generators = _own_generators(loader)
+        set_consumed_source(self.sampler, self._consumed_positions)
         if os.environ.get("STATEFUL_SAMPLER_RECORD"):  # `stateful-sampler verify` records this run from outside
             from stateful_sampler.verify.loader_hook import record_from_environment
 
             record_from_environment()
 
+    # -- what the DataLoader holds, taken rather than asked for again
+
+    @property
+    def dataset(self) -> Any:
+        """The dataset of the ``DataLoader`` iterated (through any framework wrapper)."""
+        inner = _inner_dataloader(self.loader)
+        return getattr(inner if inner is not None else self.loader, "dataset", None)
+
+    @property
+    def batch_size(self) -> int | None:
+        """Records per batch on this rank; ``None`` when the loader yields records one by one."""
+        return self._records_per_batch if _batches(self.loader) else None
+
+    @property
+    def num_workers(self) -> int:
+        """The ``DataLoader``'s worker processes (0 when the loader is none)."""
+        inner = _inner_dataloader(self.loader)
+        return int(getattr(inner, "num_workers", 0) or 0)
+
     @property
     def epoch(self) -> int:
-        """The epoch of the pass under way, else the one the next pass draws. The sampler's own epoch
-        moves on as soon as workers have drawn the pass to its end, before the loop has its last batches."""
-        return self.sampler.epoch if self._consumed is None else self._pass_epoch
+        """The epoch of the pass begun (until it ends, ``set_epoch`` or a resume), else the one the next
+        pass draws. The sampler's own epoch moves on as soon as workers have drawn the pass to its end,
+        before the loop has its last batches."""
+        return self._pass.epoch if self._pass is not None else self.sampler.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Move to ``epoch``'s start; the restored epoch keeps its position (as ``StatefulSampler.set_epoch``)."""
+        """Move to ``epoch``'s start with a clean count; the current epoch keeps the consumed position
+        (as ``StatefulSampler.set_epoch``, which Lightning calls again on resume)."""
+        pending = self._pass if self._pass is not None and not self._pass.started else None
+        if pending is None:
+            self._settle()
         self.sampler.set_epoch(epoch)
+        if pending is not None:  # an iterator not yet started reads the epoch at its first batch, as the sampler does
+            pending.epoch, pending.batches = self.sampler.epoch, self._next_pass_batches()
 
     def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
+        """The batches left in the pass under way, else in the next pass: the rest of the epoch from
+        the consumed position (after a mid-epoch resume, what remains), capped by ``batches_per_epoch``.
+        Read at a pass's start it is the pass's batch count (tqdm, per-epoch step arithmetic); a
+        restored loader says the same as the live one at every point."""
+        if self._pass is not None:
+            return max(0, self._pass.batches - self._pass.consumed)
+        return self._next_pass_batches()
+
+    def _next_pass_batches(self) -> int:
+        left = self.sampler.remaining_length()
+        size = self._records_per_batch
+        batches = left // size if self._drop_last else -(-left // size)
+        if self.batches_per_epoch is None:
+            return batches
+        return max(0, min(batches, self.batches_per_epoch - self._batches_before()))
+
+    def _batches_before(self) -> int:
+        """This rank's batches of the current epoch consumed before the next pass (a resume's)."""
+        layout = self.sampler.layout()
+        return -(-layout.local_before(self.sampler.rank) // self._records_per_batch)
+
+    # -- iteration
 
     def __iter__(self) -> Iterator[Any]:
+        """A pass over the rest of the epoch; the previous pass is settled at once (not at the first
+        batch), so a state taken between ``iter()`` and the first batch describes this pass."""
+        self._settle()
+        token = self._token = object()
+        self._pass = _LoaderPass(self.sampler.epoch, self._next_pass_batches())
+        return self._run(token, self._pass)
+
+    def _run(self, token: object, current: _LoaderPass) -> Iterator[Any]:
+        self._check_current(token)
+        current.started = True
         if self._epoch_sync is not None:
             self._epoch_sync(self.sampler.epoch)
-        self._pass_epoch, self._consumed = self.sampler.epoch, 0
+        current.epoch, current.batches = self.sampler.epoch, self._next_pass_batches()
         for generator in self._generators:
-            generator.manual_seed((self.sampler.seed * 1_000_003 + self._pass_epoch) % (1 << 63))
-        for consumed, batch in enumerate(self.loader, 1):
-            self._consumed = consumed
+            generator.manual_seed((self.sampler.seed * 1_000_003 + current.epoch) % (1 << 63))
+        if current.batches == 0 and self.batches_per_epoch is not None:
+            self._end_capped_epoch(token)
+            return
+        batches = iter(self.loader)
+        while current.consumed < current.batches or self.batches_per_epoch is None:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            self._check_current(token)
+            current.consumed += 1
             for hook in tuple(_batch_hooks):
-                hook(self, batch, consumed)
+                hook(self, batch, current.consumed)
             yield batch
-        self._consumed = None  # the pass ended: the sampler's drawn position is the consumed one
+            self._check_current(token)
+        else:
+            self._end_capped_epoch(token)
+            return
+        if self._token is token:  # the pass ended: the sampler's drawn position is the consumed one
+            self._pass = self._token = None
+
+    def _end_capped_epoch(self, token: object) -> None:
+        """The cap is reached: the epoch ends here, as if the loop had seen its end."""
+        if self._token is token:
+            self._pass = self._token = None
+            self.sampler.set_epoch(self.sampler.epoch + 1)
+
+    def _check_current(self, token: object) -> None:
+        if self._token is not token:
+            raise StalePassError(
+                "this ResumableLoader iterator was replaced by a newer iter(loader) or loader.set_epoch(): "
+                "iterate one pass at a time (its batches would count against the new pass)"
+            )
+
+    def _settle(self) -> None:
+        """End the pass begun, leaving the sampler at what the loop consumed, so the next pass
+        continues from there (a loop that broke off resumes where it stopped)."""
+        current, self._pass, self._token = self._pass, None, None
+        if current is None:
+            return
+        if self.batches_per_epoch is not None and current.consumed >= current.batches:
+            self.sampler.set_epoch(current.epoch + 1)  # the capped epoch ended with its last batch
+            return
+        if current.epoch == self.sampler.epoch or self.sampler._pass is not None:
+            self.sampler.load_state_dict(self._sampler_state(current))
+
+    def _consumed_positions(self) -> int | None:
+        """This rank's positions of the sampler's pass that the loop consumed (the seam
+        ``sampler.state_dict()`` reads); ``None`` when no pass of this loader is under way."""
+        if self._pass is None:
+            return None
+        return self._pass.consumed * self._records_per_batch
+
+    def _sampler_state(self, current: _LoaderPass) -> dict[str, Any]:
+        sampler = self.sampler
+        local = min(current.consumed * self._records_per_batch, sampler._current_pass().layout.local_length(sampler.rank))
+        return sampler._state(sampler._cursor_after_local(local)).to_dict()
+
+    # -- state
 
     def state_dict(self) -> dict[str, Any]:
-        """The state after the batches the loop consumed, a small JSON-serialisable dict."""
-        if self._consumed is None:
-            sampler_state = self.sampler.state_dict()
-        else:
-            sampler_state = self.sampler.state_dict(consumed_batches=self._consumed)
+        """The state after the batches the loop consumed, with the process's RNG states (``rng_states``)."""
+        current = self._pass
+        sampler_state = self.sampler.state_dict() if current is None else self._sampler_state(current)
         for hook in tuple(_state_hooks):
-            hook(self, self._consumed or 0)
-        return LoaderState(LOADER_STATE_VERSION, sampler_state).to_dict()
+            hook(self, current.consumed if current is not None else 0)
+        rng = capture_rng_states() if self.rng_states else None
+        return LoaderState(LOADER_STATE_VERSION, sampler_state, rng).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from a saved state in O(1); the next pass starts at the saved consumed position."""
-        self.sampler.load_state_dict(LoaderState.from_dict(state).sampler)
-        self._consumed = None
+        """Continue from a saved state in O(1); the next pass starts at the saved consumed position.
+        The RNG states saved with it are restored too (unless ``rng_states=False``): load it last,
+        just before the loop, after the model is built."""
+        saved = LoaderState.from_dict(state)
+        self.sampler.load_state_dict(saved.sampler)
+        self._pass = self._token = None
+        if saved.rng_states is not None and self.rng_states:
+            restore_rng_states(saved.rng_states)
+
+
+def _records_per_batch(loader: Any, sampler: StatefulSampler) -> int:
+    """Records per item the loop receives: the batch size, 1 for ``DataLoader(batch_size=None)``."""
+    if not _batches(loader):
+        return 1
+    return sampler.batch_size or 1
+
+
+def _batches(loader: Any) -> bool:
+    """Whether the ``DataLoader`` iterated batches its records (``batch_size=None`` yields them one by one)."""
+    inner = _inner_dataloader(loader)
+    if inner is None:
+        return True
+    return inner.batch_size is not None or inner.batch_sampler is not None
+
+
+def _drops_last(loader: Any) -> bool:
+    inner = _inner_dataloader(loader)
+    return bool(inner is not None and inner.drop_last and inner.batch_size is not None)
+
+
+def _inner_dataloader(loader: Any) -> DataLoader | None:
+    """The innermost ``DataLoader`` under ``loader``'s wrappers."""
+    found = None
+    seen: set[int] = set()
+    obj = loader
+    while obj is not None and id(obj) not in seen:
+        seen.add(id(obj))
+        if isinstance(obj, DataLoader):
+            found = obj
+        obj = next((getattr(obj, name) for name in _LOADERS if getattr(obj, name, None) is not None), None)
+    return found
 
 
 def find_sampler(loader: Any) -> StatefulSampler:
     """The ``StatefulSampler`` inside ``loader``, through the wrappers frameworks put around loaders.
 
-    Refuses a loader without one, a sampler without ``batch_size``, a loader batch size that differs
-    from the sampler's, and a wrapper that shards the sampler's already sharded output again.
+    The batch size is asked once: a sampler without ``batch_size`` takes the loader's (the innermost
+    batch size on the way to the sampler), and only a contradiction is refused, naming both values.
+    Refuses a loader without a sampler, a loader that batches with neither batch size known, and a
+    wrapper that shards the sampler's already sharded output again.
     """
     path = _path_to_sampler(loader, [], set())
     if path is None:
@@ -170,15 +377,22 @@ def find_sampler(loader: Any) -> StatefulSampler:
         raise SamplerNotFoundError(
             f"ResumableLoader needs a StatefulSampler at loader.sampler or loader.batch_sampler.sampler, found none in "
             f"{type(loader).__name__} (sampler: {type(inner).__name__}): build the loader as "
-            f"DataLoader(dataset, sampler=StatefulSampler(dataset, batch_size=B), batch_size=B)"
+            f"DataLoader(dataset, sampler=StatefulSampler(dataset), batch_size=B)"
         )
     sampler = path[-1]
-    if sampler.batch_size is None:
-        raise ValueError("ResumableLoader counts consumed batches: it needs StatefulSampler(..., batch_size=B)")
     batch_sizes = [size for size in (getattr(obj, "batch_size", None) for obj in path[:-1]) if size is not None]
-    if batch_sizes and batch_sizes[-1] != sampler.batch_size:
+    loader_batch = batch_sizes[-1] if batch_sizes else None
+    if sampler.batch_size is None and loader_batch is not None:
+        sampler.batch_size = check_int("the loader's batch_size", loader_batch, minimum=1, maximum=MAX_BATCH)
+    elif loader_batch is not None and loader_batch != sampler.batch_size:
         raise ValueError(
-            f"the loader's batch_size must equal the sampler's batch_size={sampler.batch_size}, got {batch_sizes[-1]}"
+            f"the loader's batch_size={loader_batch} contradicts the sampler's batch_size={sampler.batch_size}: "
+            f"give the batch size once (the DataLoader's is enough)"
+        )
+    if sampler.batch_size is None and _batches(loader) and _inner_dataloader(loader) is None:
+        raise ValueError(
+            f"ResumableLoader counts consumed batches, and neither {type(loader).__name__} nor its StatefulSampler "
+            f"has a batch_size: pass StatefulSampler(..., batch_size=B)"
         )
     for wrapper in path[:-1]:
         processes = getattr(wrapper, "num_processes", 1)

@@ -8,6 +8,8 @@ the parent's state or RNG is used.
 
 from __future__ import annotations
 
+import sys
+import weakref
 from dataclasses import dataclass, replace
 from itertools import chain, repeat
 from operator import length_hint
@@ -17,8 +19,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
+from stateful_sampler.errors import PrefetchedStateError
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout, carry_epoch_start
 from stateful_sampler.order.policies import Order, Tail
@@ -32,6 +36,17 @@ _MAX_BLOCK = 1 << 14  # amortises NumPy's per-call cost while the Feistel scratc
 
 PassStartHook = Callable[["StatefulSampler"], None]
 _pass_start_hooks: list[PassStartHook] = []
+
+# The seam through which a wrapping loader (``ResumableLoader``) tells ``sampler.state_dict()`` how many of
+# this rank's positions of the pass under way training has consumed: None when it has no pass under way.
+ConsumedSource = Callable[[], "int | None"]
+_consumed_sources: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # sampler -> WeakMethod
+_DRIVER_DEPTH = 8  # frames searched for the DataLoader iterator that starts a pass
+
+
+def set_consumed_source(sampler: StatefulSampler, source: Callable[[], int | None]) -> None:
+    """Let ``sampler.state_dict()`` ask ``source`` (a bound method, held weakly) for the consumed count."""
+    _consumed_sources[sampler] = weakref.WeakMethod(source)  # type: ignore[arg-type]
 
 
 def add_pass_start_hook(hook: PassStartHook) -> Callable[[], None]:
@@ -67,6 +82,17 @@ class _Pass:
     block: Iterator[Any]
     block_length: int = 0
     finished: bool = False
+    prefetches: bool = False  # drawn by a multi-process DataLoader iterator: drawn runs ahead of consumed
+    snapshots: bool = False  # drawn by torchdata's StatefulDataLoader, which snapshots state per fetch
+    driver: Any = None  # a weak reference to the DataLoader iterator drawing the pass, if any
+
+    def loop_ended(self) -> bool:
+        """Whether the loop over this pass saw its end: torchdata's iterator knows (a partial last batch
+        asks the sampler past its end before the loop has it); for any other driver, the pass's end."""
+        iterator = self.driver() if self.driver is not None else None
+        if self.snapshots and iterator is not None and hasattr(iterator, "_finished"):
+            return bool(iterator._finished)
+        return self.finished
 
     def drawn(self) -> int:
         """Local positions drawn so far (all of them once the pass has ended)."""
@@ -83,12 +109,17 @@ class StatefulSampler(DistributedSampler):
 
     Args:
         data_source: a sized dataset or the number of records N (an int or a 0-d integer tensor).
-        shuffle: permute each epoch (``False`` gives 0..N-1).
-        seed: the order's seed, an int in [0, 2**63) (an int64: keys carry it through collate).
         num_replicas, rank: the ranks; default to the process group, or 1 and 0 without one.
-        tail: ``"pad"``, ``"drop"``, ``"uneven"`` or ``"carry"`` (see ``Tail``).
+        shuffle: permute each epoch (``False`` gives 0..N-1; default ``True``, or a ``Uniform``
+            strategy's own).
+        seed: the order's seed, an int in [0, 2**63) (an int64: keys carry it through collate).
+        drop_last: ``DistributedSampler``'s flag: ``True`` is ``tail="drop"``, ``False`` ``"pad"``.
+            The first five arguments are positional as ``DistributedSampler(dataset, num_replicas,
+            rank, shuffle, seed, drop_last)`` takes them.
+        tail: ``"pad"`` (default), ``"drop"``, ``"uneven"`` or ``"carry"`` (see ``Tail``).
         order: ``"fast"`` (O(block) bijection) or ``"torch"`` (exactly ``DistributedSampler``).
-        batch_size: per-rank batch; needed by ``carry`` and to count consumed batches.
+        batch_size: per-rank batch; needed by ``carry``; otherwise a ``ResumableLoader`` takes it from
+            its ``DataLoader``.
         yield_keys: yield ``SampleKey`` s instead of indices (see ``KeyedDataset``).
         strategy: the order of each pass (``Uniform()`` by default; see ``order.strategy``);
             ``shuffle`` and ``order`` apply to ``Uniform`` only.
@@ -106,12 +137,13 @@ class StatefulSampler(DistributedSampler):
     def __init__(
         self,
         data_source: Sized | int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
         num_replicas: int | None = None,
         rank: int | None = None,
-        tail: str = "pad",
+        shuffle: bool | None = None,
+        seed: int = 0,
+        drop_last: bool | None = None,
+        *,
+        tail: str | None = None,
         order: str = "fast",
         batch_size: int | None = None,
         yield_keys: bool = False,
@@ -119,9 +151,10 @@ class StatefulSampler(DistributedSampler):
     ) -> None:
         self.dataset = data_source
         self.size = _dataset_size(data_source)
+        shuffle = _resolve_shuffle(shuffle, strategy)
         self.shuffle = check_bool("shuffle", shuffle)
         self.seed = check_int("seed", seed, maximum=(1 << 63) - 1)
-        self.tail = check_choice("tail", tail, Tail)
+        self.tail = _resolve_tail(tail, drop_last)
         self.order = check_choice("order", order, Order)
         self.batch_size = check_optional_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
         self.yield_keys = check_bool("yield_keys", yield_keys)
@@ -138,7 +171,9 @@ class StatefulSampler(DistributedSampler):
         self._records = StreamRecords(self.strategy, self.order, self.seed, self.size)
         self._cursor = _Cursor(epoch=0, position=0, carry_start=0)
         self._pass: _Pass | None = None
-        self._check_ranks()
+        self._latest: object | None = None  # the newest iterator's token: only its pass moves the state
+        self._ended: EpochLayout | None = None  # the layout of the last epoch a pass of this object finished
+        self._check_ranks(self.strategy.known_passes())
 
     # -- the ranks, resolved late: a sampler built before init_process_group still shards right
 
@@ -154,17 +189,19 @@ class StatefulSampler(DistributedSampler):
             return self._rank
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
-    def _check_ranks(self) -> None:
-        """Checked at construction and at each pass start: the process group may come later."""
+    def _check_ranks(self, passes: range | None = None) -> None:
+        """Checked at construction (over every pass whose length is known up front) and at each pass
+        start: the process group may come later."""
         world_size, rank = self.num_replicas, self.rank
         if rank >= world_size:
             raise ValueError(f"rank must lie in [0, num_replicas) = [0, {world_size}), got {rank}")
-        length = self._records.pass_length(self._cursor.epoch)
-        if self.tail is Tail.DROP and 0 < length < world_size:
-            raise ValueError(
-                f"tail='drop' with {length} records on num_replicas={world_size} ranks would drop "
-                f"every record: use tail='pad' or 'uneven', or fewer ranks"
-            )
+        for epoch in passes if passes is not None else (self._cursor.epoch,):
+            length = self._records.pass_length(epoch)
+            if self.tail is Tail.DROP and 0 < length < world_size:
+                raise ValueError(
+                    f"tail='drop' with {length} records on num_replicas={world_size} ranks (epoch {epoch}) "
+                    f"would drop every record: use tail='pad' or 'uneven', or fewer ranks"
+                )
 
     # -- DistributedSampler's public attributes, derived rather than stored
 
@@ -188,21 +225,51 @@ class StatefulSampler(DistributedSampler):
         """This rank's indices in the current epoch, counted from its start (as Lightning expects);
         after an elastic resume, the consumed part counts as if these ranks had taken it.
 
-        The current epoch is the one a pass is drawing, or has drawn to its end, until ``set_epoch``
-        or the next pass: DataLoader workers can draw a short epoch whole before training reads
-        ``len(loader)``, and under ``carry`` the next epoch's length differs."""
+        The current epoch is the one training is in: the pass under way; once the pass has ended, the
+        next epoch (as a sampler restored from ``state_dict()`` says), unless a wrapping
+        ``ResumableLoader`` is still handing out batches that workers drew before the end."""
         layout = self._current_layout()
         rank = self.rank
         return layout.local_before(rank) + layout.local_length(rank)
 
     def _current_layout(self) -> EpochLayout:
-        """The epoch a pass is drawing, or has drawn to its end, else the one the cursor is in."""
-        return self._pass.layout if self._pass is not None else self._layout(self._cursor)
+        """The rest of the current epoch from the position ``state_dict()`` saves, laid out as a
+        restored sampler lays it out (so live and restored agree); the pass under way from its start
+        where that position is unknown (workers drew ahead and no loader counts)."""
+        cursor = self._rest_cursor()
+        return self._pass.layout if cursor is None else self._layout(cursor)  # type: ignore[union-attr]
+
+    def _rest_cursor(self) -> _Cursor | None:
+        """The cursor a sampler restored from ``state_dict()`` now would have; None where it is unknown."""
+        current = self._pass
+        if current is None:
+            return self._cursor
+        consumed = None if current.snapshots else self._loader_count()
+        if consumed is not None:
+            return current.cursor_after(consumed)
+        if current.finished and current.loop_ended():
+            return self._cursor
+        if current.finished:  # inside torchdata's loop, after a partial last batch: nothing more of the epoch
+            return current.cursor_after(current.drawn())
+        if current.prefetches and not current.snapshots:
+            return None
+        return current.cursor_after(current.drawn())
+
+    def _loader_count(self) -> int | None:
+        """This rank's positions consumed of the pass under way, as a wrapping loader counts them."""
+        source = _consumed_sources.get(self)
+        method = source() if source is not None else None
+        return method() if method is not None else None  # type: ignore[no-any-return]
 
     def remaining_length(self) -> int:
-        """The indices this rank's pass yields: the one under way, or else the next one (the rest of
-        the current epoch from the committed position). A training loop that resumed mid-epoch runs
-        ``ceil(remaining_length() / batch_size)`` more batches in it."""
+        """The indices this rank has left in the current epoch, from the position ``state_dict()``
+        saves (a restored sampler's next pass yields exactly these). A training loop that resumed
+        mid-epoch runs ``ceil(remaining_length() / batch_size)`` more batches in it."""
+        return self._current_layout().local_length(self.rank)
+
+    def pass_length(self) -> int:
+        """The indices this rank's pass yields: the one under way, counted from its start, or else
+        the next one (for a framework that counts a pass's batches while it runs)."""
         current = self._pass if self._pass is not None and not self._pass.finished else None
         layout = current.layout if current is not None else self._layout(self._cursor)
         return layout.local_length(self.rank)
@@ -253,24 +320,42 @@ class StatefulSampler(DistributedSampler):
     def __iter__(self) -> Iterator[Any]:
         """A lazy pass: epoch and position are read at the first ``next()``, not here (Lightning
         iterates before it calls ``set_epoch`` on a resumed epoch, #21938). The previous pass is
-        detached at once, so a state taken between ``iter()`` and the first batch describes the new
-        pass, which starts at the committed position.
+        settled at once (see ``_settle_pass``), so a state taken between ``iter()`` and the first batch
+        describes the new pass.
 
         ``chain`` hands out each block's items in C; the generator behind it only resumes once
         per block, which halves the per-index cost of a generator that yields every item."""
-        self._pass = None
-        return chain.from_iterable(self._pass_blocks())
+        self._settle_pass()
+        token = self._latest = object()
+        return chain.from_iterable(self._pass_blocks(token))
 
-    def _pass_blocks(self) -> Iterator[Iterator[Any]]:
-        for hook in tuple(_pass_start_hooks):
-            hook(self)
+    def _settle_pass(self) -> None:
+        """Detach the pass under way; a new pass continues from where ``state_dict()`` would have said
+        this one got to (so a restored sampler and the live one agree): the drawn position, the epoch's
+        end once drawn whole. A pass a multi-process ``DataLoader`` drew ahead of training restarts from
+        the committed position instead, since what training consumed is unknown here."""
+        current = self._pass
+        if current is not None and not current.prefetches and not (current.finished and current.loop_ended()):
+            self._commit(current.cursor_after(current.drawn()))
+        self._pass = None
+
+    def _pass_blocks(self, token: object) -> Iterator[Iterator[Any]]:
+        """The blocks of one pass. An iterator replaced by a newer ``iter()`` before its first
+        ``next()`` still yields its order (as two iterators of ``DistributedSampler`` both do), but
+        detached: the state and the epoch follow the newest iterator only."""
+        attached = self._latest is token
+        prefetches, snapshots, driver = _pass_driver(sys._getframe(1))
+        if attached:
+            for hook in tuple(_pass_start_hooks):
+                hook(self)
         self._check_ranks()
         origin = self._cursor
         layout = self._layout(origin)
         rank = self.rank
         local_stop = layout.local_length(rank)
-        current = _Pass(origin, layout, rank, 0, iter(()))
-        self._pass = current
+        current = _Pass(origin, layout, rank, 0, iter(()), prefetches=prefetches, snapshots=snapshots, driver=driver)
+        if attached:
+            self._pass = current
         block = _FIRST_BLOCK
         while current.block_start + current.block_length < local_stop:
             start = current.block_start + current.block_length
@@ -282,6 +367,7 @@ class StatefulSampler(DistributedSampler):
         if self._pass is current:
             # A completed pass moves on, so a forgotten set_epoch never replays the same order.
             current.finished = True
+            self._ended = layout
             end = layout.stream_start + layout.length if self.tail is Tail.CARRY else 0
             self._cursor = _Cursor(origin.epoch + 1, 0, end)
 
@@ -299,8 +385,8 @@ class StatefulSampler(DistributedSampler):
         return records, map(SampleKey, records, repeat(self.seed), passes, positions.tolist(), padding)
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
-        """This rank's order for an epoch (default: the current one, from its committed position),
-        without moving the cursor."""
+        """This rank's order for an epoch (default: the rest of the current one, from the position
+        ``state_dict()`` saves), without moving the cursor."""
         layout = self.layout(epoch)
         positions = layout.global_positions(self.rank, 0, layout.local_length(self.rank))
         return self._records(layout.epoch, layout.pass_offsets(positions))
@@ -323,6 +409,8 @@ class StatefulSampler(DistributedSampler):
         current = self._current_layout()
         if epoch is None or epoch == current.epoch:
             return current
+        if self._ended is not None and epoch == self._ended.epoch:
+            return self._ended  # as this object drew it (a resumed segment included), not laid out afresh
         return self._layout(self._cursor_at(epoch))
 
     def _cursor_at(self, epoch: int) -> _Cursor:
@@ -336,10 +424,13 @@ class StatefulSampler(DistributedSampler):
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
         """The state to save, as a JSON-serialisable dict of a few hundred bytes.
 
-        With no argument: the position this sampler has *drawn* up to (the end of the epoch once a
-        pass has drawn it whole). That is exact when nothing runs ahead of training
-        (``num_workers=0``) and inside torchdata's ``StatefulDataLoader``, which snapshots sampler
-        state as each batch's indices are fetched.
+        With no argument: the position training consumed. A wrapping ``ResumableLoader`` says it;
+        otherwise it is the position drawn up to, which is exact when nothing runs ahead of training
+        (``num_workers=0``) and inside torchdata's ``StatefulDataLoader`` (which snapshots sampler
+        state as each batch's indices are fetched). Drawn whole, an epoch saves ``position =
+        epoch_end`` (resumes to nothing more of it, then the next epoch); once the pass has ended (the
+        loop saw its end), the next epoch's start. Mid-pass under a multi-process ``DataLoader`` with no
+        ``ResumableLoader`` around it, the consumed position is unknown: ``PrefetchedStateError``.
 
         With ``consumed_batches=k``: the position after the first k batches of the current pass,
         which is what a training loop has consumed whatever ``DataLoader`` workers prefetched.
@@ -348,13 +439,10 @@ class StatefulSampler(DistributedSampler):
         """
         current = self._pass
         if consumed_batches is None:
-            cursor = self._cursor if current is None else current.cursor_after(current.drawn())
-            return self._state(cursor).to_dict()
+            return self._state(self._consumed_cursor()).to_dict()
         if self.batch_size is None:
             raise ValueError("state_dict(consumed_batches=...) needs StatefulSampler(..., batch_size=B)")
-        if current is None:
-            current = _Pass(self._cursor, self._layout(self._cursor), self.rank, 0, iter(()))
-        local_length = current.layout.local_length(self.rank)
+        local_length = self._current_pass().layout.local_length(self.rank)
         batches = -(-local_length // self.batch_size)
         consumed = check_int("consumed_batches", consumed_batches)
         if consumed > batches:
@@ -363,7 +451,30 @@ class StatefulSampler(DistributedSampler):
                 f"({local_length} indices in batches of {self.batch_size}), got {consumed}: count the batches "
                 f"of this pass over the loader, not a global step"
             )
-        return self._state(current.cursor_after(consumed * self.batch_size)).to_dict()
+        return self._state(self._cursor_after_local(consumed * self.batch_size)).to_dict()
+
+    def _current_pass(self) -> _Pass:
+        """The pass under way (or ended), else the one the cursor would start."""
+        if self._pass is not None:
+            return self._pass
+        return _Pass(self._cursor, self._layout(self._cursor), self.rank, 0, iter(()))
+
+    def _cursor_after_local(self, local_count: int) -> _Cursor:
+        """The cursor once this rank has consumed ``local_count`` positions of the current pass."""
+        return self._current_pass().cursor_after(local_count)
+
+    def _consumed_cursor(self) -> _Cursor:
+        cursor = self._rest_cursor()
+        if cursor is None:
+            drawn = self._pass.drawn()  # type: ignore[union-attr]
+            raise PrefetchedStateError(
+                f"sampler.state_dict() mid-pass under a DataLoader with workers: they drew {drawn} of this rank's "
+                f"positions ahead of training, which consumed an unknown part of them. Wrap the loader in "
+                f"ResumableLoader and save loader.state_dict() (or sampler.state_dict() then: the loader tells it), "
+                f"pass sampler.state_dict(consumed_batches=k) with the batches the loop consumed, or use torchdata's "
+                f"StatefulDataLoader"
+            )
+        return cursor
 
     def _state(self, cursor: _Cursor) -> SamplerState:
         return SamplerState(
@@ -392,14 +503,75 @@ class StatefulSampler(DistributedSampler):
         pass_length = self._records.pass_length(saved.epoch)
         saved.check_continues(self._state(self._cursor), pass_length, self.strategy.mismatch_hint())
         position = saved.position
-        if saved.finished:
-            # Past N only padding was left; another world size pads differently, so keep no more than N.
-            position = end = position if self.tail is Tail.CARRY else min(position, pass_length)
+        if saved.finished and saved.world_size == self.num_replicas:
+            position = end = saved.epoch_end  # the live ranks' own end: every rank reports the same len()
+        elif saved.finished:
+            position = end = _finished_end(self.tail, position, pass_length, self.num_replicas)
         elif (saved.world_size, saved.batch_size) == (self.num_replicas, self.batch_size):
             end = saved.epoch_end  # the saving run's own layout: exact even from a mid-batch position
         else:
             end = None  # the rest of the epoch is laid out on these ranks and this batch size
         self._commit(_Cursor(saved.epoch, position, saved.carry_start, end))
+        self._ended = None
+
+
+def _finished_end(tail: Tail, position: int, pass_length: int, world_size: int) -> int:
+    """A finished epoch's end laid out on another world size. ``pad`` rounds the records up to a
+    multiple of the ranks, as its padding does, so every rank reports the same ``len()``; the other
+    tails keep the positions taken (no more than N: past it only padding was left)."""
+    if tail is Tail.CARRY:
+        return position
+    records = min(position, pass_length)
+    return -(-records // world_size) * world_size if tail is Tail.PAD else records
+
+
+def _pass_driver(frame: Any) -> tuple[bool, bool, Any]:
+    """(prefetches, snapshots, driver) for the pass the caller's frame starts: whether a
+    multi-process DataLoader iterator draws it (ahead of training), whether that iterator is
+    torchdata's ``StatefulDataLoader``, which saves the sampler's state as it fetches, and a weak
+    reference to it. Read once per pass."""
+    snapshots = False
+    for _ in range(_DRIVER_DEPTH):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if owner is not None:
+            snapshots = snapshots or type(owner).__module__.startswith("torchdata.")
+            if isinstance(owner, _BaseDataLoaderIter):
+                workers = isinstance(owner, _MultiProcessingDataLoaderIter) or getattr(owner, "_num_workers", 0) > 0
+                return workers, snapshots, weakref.ref(owner)
+        frame = frame.f_back
+    return False, snapshots, None
+
+
+def _resolve_tail(tail: Any, drop_last: Any) -> Tail:
+    """``tail``, or ``DistributedSampler``'s ``drop_last`` (``True`` is ``tail="drop"``); a contradiction is refused."""
+    if drop_last is None:
+        return check_choice("tail", "pad" if tail is None else tail, Tail)
+    drop_last = check_bool("drop_last", drop_last)
+    implied = Tail.DROP if drop_last else Tail.PAD
+    if tail is None:
+        return implied
+    chosen = check_choice("tail", tail, Tail)
+    if (chosen is Tail.DROP) != drop_last:
+        raise ValueError(
+            f"drop_last={drop_last} contradicts tail={chosen.value!r}: drop_last=True is tail='drop', "
+            f"drop_last=False any other tail; pass tail alone"
+        )
+    return chosen
+
+
+def _resolve_shuffle(shuffle: Any, strategy: Any) -> Any:
+    """``shuffle``, defaulting to the ``Uniform`` strategy's own (``True`` otherwise); a contradiction is refused."""
+    if not isinstance(strategy, Uniform):
+        return True if shuffle is None else shuffle
+    if shuffle is None:
+        return strategy.shuffle
+    if shuffle != strategy.shuffle:
+        raise ValueError(
+            f"shuffle={shuffle!r} contradicts strategy={strategy!r}: pass one of them (the strategy's shuffle is its own)"
+        )
+    return shuffle
 
 
 def _dataset_size(data_source: Any) -> int:

@@ -57,6 +57,13 @@ class SamplerState:
         """Parse a saved dict, refusing anything that is not exactly a state of a readable version."""
         if not isinstance(data, Mapping):
             raise IncompatibleStateError("state", type(data).__name__, "a dict from StatefulSampler.state_dict()")
+        if "sampler" in data and "size" not in data:
+            raise IncompatibleStateError(
+                "state",
+                "a ResumableLoader state",
+                "a StatefulSampler state",
+                "pass it to ResumableLoader.load_state_dict, or pass state['sampler'] to the sampler",
+            )
         version = data.get("version", "<missing>")
         if type(version) is not int or version not in _READABLE_VERSIONS:
             raise IncompatibleStateError("version", version, STATE_VERSION, "unknown state version")

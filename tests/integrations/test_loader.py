@@ -29,7 +29,8 @@ def test_a_resume_continues_after_the_consumed_batch_although_two_workers_prefet
     iterator = iter(loader)
     consumed = [next(iterator).tolist() for _ in range(3)]
     state = json.loads(json.dumps(loader.state_dict()))
-    assert loader.sampler.state_dict()["position"] > 12  # the workers drew ahead of the 3 consumed batches
+    assert loader.sampler._pass.drawn() > 12  # the workers drew ahead of the 3 consumed batches
+    assert loader.sampler.state_dict() == state["sampler"]  # and the sampler's own state is the consumed one
     assert state["sampler"]["position"] == 12
     resumed = make_loader(40, 4, workers=2)
     resumed.load_state_dict(state)
@@ -53,11 +54,12 @@ def test_a_state_saved_after_the_pass_ends_resumes_at_the_next_epoch() -> None:
     first_epoch = epoch_batches(loader)
     resumed = make_loader(10, 4)
     resumed.load_state_dict(loader.state_dict())
-    assert epoch_batches(resumed) == []  # epoch 0 is finished
-    resumed.set_epoch(1)
-    loader.set_epoch(1)
-    assert (resumed.epoch, len(resumed)) == (1, 3)
+    # After the loop ended the state is the next epoch's start (torchdata's definition), with or without set_epoch
+    assert (resumed.epoch, len(resumed)) == (loader.epoch, len(loader)) == (1, 3)
     assert epoch_batches(resumed) == epoch_batches(loader) != first_epoch
+    resumed.set_epoch(2)
+    loader.set_epoch(2)
+    assert epoch_batches(resumed) == epoch_batches(loader)
 
 
 def test_the_batch_hook_sees_every_batch_the_loop_gets_with_its_consumed_count() -> None:
@@ -85,18 +87,19 @@ def test_epoch_sync_gets_the_restored_epoch_before_each_pass() -> None:
 
 def test_a_loader_without_a_stateful_sampler_is_refused_with_the_fix() -> None:
     with pytest.raises(SamplerNotFoundError, match=r"found none in DataLoader \(sampler: BatchSampler\): build the "
-                       r"loader as DataLoader\(dataset, sampler=StatefulSampler\(dataset, batch_size=B\), batch_size=B\)"):  # fmt: skip
+                       r"loader as DataLoader\(dataset, sampler=StatefulSampler\(dataset\), batch_size=B\)"):  # fmt: skip
         ResumableLoader(DataLoader(range(10), shuffle=True, batch_size=2))
 
 
-def test_a_sampler_without_batch_size_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"it needs StatefulSampler\(\.\.\., batch_size=B\)"):
-        ResumableLoader(DataLoader(range(10), sampler=StatefulSampler(10), batch_size=2))
+def test_a_sampler_without_batch_size_takes_the_loader_s() -> None:  # issue 20: the batch size once
+    sampler = StatefulSampler(10)
+    loader = ResumableLoader(DataLoader(range(10), sampler=sampler, batch_size=2))
+    assert (sampler.batch_size, loader.batch_size, len(loader)) == (2, 2, 5)
 
 
 def test_a_loader_batch_size_other_than_the_sampler_s_is_refused() -> None:
     sampler = StatefulSampler(10, batch_size=2)
-    with pytest.raises(ValueError, match=r"the loader's batch_size must equal the sampler's batch_size=2, got 3"):
+    with pytest.raises(ValueError, match=r"the loader's batch_size=3 contradicts the sampler's batch_size=2"):
         ResumableLoader(DataLoader(range(10), batch_sampler=BatchSampler(sampler, 3, drop_last=False)))
 
 
@@ -127,8 +130,8 @@ def test_a_wrapper_that_shards_an_already_sharded_sampler_is_refused() -> None:
     ("state", "message"),
     [
         ([], r"state field 'loader state': saved 'list'"),
-        ({"version": 2, "sampler": {}}, r"state field 'version': saved 2, expected 1: unknown loader state version"),
-        ({"sampler": {}}, r"state field 'version': saved '<missing>', expected 1"),
+        ({"version": 3, "sampler": {}}, r"state field 'version': saved 3, expected 2: unknown loader state version"),
+        ({"sampler": {}}, r"state field 'version': saved '<missing>', expected 2"),
         ({"version": 1, "sampler": {}, "step": 3}, r"state field 'step': saved 3, expected '<absent>'"),
         ({"version": 1, "sampler": 5}, r"state field 'sampler': saved 5, expected 'a dict from StatefulSampler"),
     ],

@@ -77,6 +77,9 @@ class Curriculum(Strategy):
         if self._size != size:  # check_length's message; the ids themselves are not kept
             raise ValueError(f"bands must have one entry per record: length {size}, got {self._size}")
 
+    def known_passes(self) -> range:
+        return range(len(self._listed)) if self._listed is not None else range(1)
+
     def pass_length(self, size: int, pass_index: int) -> int:
         active = self.active_bands(pass_index)
         return int(self._ends[active - 1]) if active else 0

@@ -91,9 +91,10 @@ class EpochLayout:
 
         Ranks move in lockstep, so after j local positions the run as a whole is at s + j*W. A rank
         that has taken its whole share reports the epoch's end: under ``uneven`` the longer ranks take
-        their last position in the same step, so every rank reports the same end.
+        their last position in the same step, so every rank reports the same end. Nothing taken is
+        the segment's start, even on a rank with no positions in it.
         """
-        if local_count >= self.local_length(rank):
+        if local_count >= self.local_length(rank) and local_count > 0:
             return self.length
         return self.segment_start + local_count * self.world_size
 

@@ -37,6 +37,11 @@ class Strategy(ABC):
     def pass_length(self, size: int, pass_index: int) -> int:
         """How many positions pass ``pass_index`` has."""
 
+    def known_passes(self) -> range:
+        """Passes whose lengths are known up front: every later pass is as long as the last of them,
+        so a sampler can refuse an impossible epoch at construction, not when it starts."""
+        return range(1)
+
     @abstractmethod
     def pass_order(self, size: int, seed: int, pass_index: int) -> PassOrder:
         """The records at positions of one pass; set-up cost is paid here, once per pass."""

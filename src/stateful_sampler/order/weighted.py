@@ -20,6 +20,7 @@ import numpy as np
 
 from stateful_sampler.checks import check_bool, check_optional_int
 from stateful_sampler.order.mixing import Domain, derive_seed, mix64_array
+from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.strategy import PassOrder, Strategy, check_length, weight_array
 
 _TAG = 0x57474854  # "WGHT": this module's seeds
@@ -39,7 +40,7 @@ class Weighted(Strategy):
     def __init__(self, weights: Any, *, num_samples: int | None = None, replacement: bool = True) -> None:
         self.weights = weight_array("weights", weights)
         self.replacement = check_bool("replacement", replacement)
-        self.num_samples = check_optional_int("num_samples", num_samples, minimum=1)
+        self.num_samples = check_optional_int("num_samples", num_samples, minimum=1, maximum=MAX_SIZE - 1)
         positive = int(np.count_nonzero(self.weights))
         if not self.replacement and self.num_samples is not None and self.num_samples > positive:
             raise ValueError(
