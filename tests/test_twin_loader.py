@@ -1,0 +1,265 @@
+"""Twin test of the loaders around ``StatefulSampler`` (issue 17; docs/core.md, "Epoch ends and early exits").
+
+As tests/test_twin_sampler.py, one level up: a live loader per rank and, after every save, a twin
+restored fresh from its ``state_dict()``, both over a real ``DataLoader`` (0 and 2 workers, wrapped
+in ``ResumableLoader``) or torchdata's ``StatefulDataLoader`` (0 and 2 workers, our sampler plugged
+in). Every rule is a way a training loop is written and goes to both: ``iter``, counted ``next()``
+calls, a ``break``, a loop to ``StopIteration``, ``zip(range(len(loader)), loader)``, ``set_epoch``
+after a break or a forgotten one, two interleaved iterators, and saves anywhere: mid-epoch, after the
+last batch inside the loop, after the loop ended, after a new ``iter`` before its first batch. What
+both yield, and ``len``, ``epoch`` and the saved state (``ResumableLoader``), must be equal.
+
+``StatefulDataLoader`` is torchdata's object: the twin compares what it yields and ``len``; its own
+bookkeeping (yield counters, worker snapshots) is not ours to compare.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pytest
+from hypothesis import assume, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from torch.utils.data import DataLoader
+
+from stateful_sampler import ResumableLoader
+from tests.twin_helpers import EPOCHS, KINDS, SamplerConfig, json_round_trip, outcome, sampler_configs, take
+
+EXAMPLES = int(os.environ.get("TWIN_LOADER_EXAMPLES", 150))  # per variant without workers
+WORKER_EXAMPLES = int(os.environ.get("TWIN_LOADER_WORKER_EXAMPLES", 12))  # each pass starts 2 processes
+PENDING, NO_TWIN, REAL = "pending", "no twin", "real"
+
+
+@dataclass
+class Slot:
+    live: list[Iterator[Any]]
+    twin: list[Iterator[Any]] | None
+    mode: str
+    stopped: list[bool]
+    serial: int  # the how-manieth iter() of the run: the loader's pass is the latest one's
+
+
+def as_lists(batches: list[Any]) -> list[Any]:
+    return [batch.tolist() for batch in batches]
+
+
+class LoaderTwins(RuleBasedStateMachine):
+    workers = 0
+    max_world = 2
+    loads_at_once = True  # load_state_dict takes effect at once (False: at the next iter())
+
+    # -- what differs between ResumableLoader and StatefulDataLoader
+
+    def make(self, config: SamplerConfig, rank: int) -> Any:
+        raise NotImplementedError
+
+    def save_state(self, loader: Any) -> Any:
+        raise NotImplementedError
+
+    def move_to(self, loader: Any, epoch: int) -> None:
+        raise NotImplementedError
+
+    def reports(self, loader: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+    # -- the machine
+
+    @initialize(data=st.data())
+    def build(self, data: Any) -> None:
+        kind = data.draw(st.sampled_from(KINDS), label="strategy")
+        config = data.draw(sampler_configs(kind, max_size=11, max_world=self.max_world, keys=False), label="config")
+        built = outcome(lambda: [self.make(config, rank) for rank in range(config.world_size)])
+        if built[0] == "raised":
+            assert built[1] == "ValueError", built
+        assume(built[0] == "ok")
+        self.config = config
+        self.live: list[Any] = built[1]
+        self.twin: list[Any] | None = None
+        self.slots: list[Slot] = []
+        self.fresh = False  # the twin was restored and has not begun a pass yet
+        self.serial = 0
+        self.log: list[str] = []
+
+    def _open(self) -> Slot:
+        if len(self.slots) == 2:
+            self.slots.pop(0)
+        for slot in self.slots:
+            if slot.mode == PENDING:
+                slot.mode, slot.twin = NO_TWIN, None
+        twin = None if self.twin is None else [iter(loader) for loader in self.twin]
+        self.fresh = False
+        self.serial += 1
+        slot = Slot([iter(loader) for loader in self.live], twin, NO_TWIN if twin is None else REAL,
+                    [False] * len(self.live), self.serial)  # fmt: skip
+        self.slots.append(slot)
+        return slot
+
+    def _take(self, slot: Slot, count: int) -> None:
+        if slot.mode == PENDING:
+            slot.twin, slot.mode = [iter(loader) for loader in self.twin], REAL  # type: ignore[union-attr]
+            self.fresh = False
+        for rank, iterator in enumerate(slot.live):
+            items, stopped, error = take(iterator, count)
+            got = (as_lists(items), stopped, error)
+            slot.stopped[rank] = slot.stopped[rank] or stopped
+            if slot.mode == REAL:
+                items, stopped, error = take(slot.twin[rank], count)  # type: ignore[index]
+                assert (as_lists(items), stopped, error) == got, (rank, self.log)
+
+    @rule()
+    def open_iter(self) -> None:
+        """``iter(loader)``: a loop starts (a second iterator if one is under way)."""
+        self.log.append("iter")
+        self._open()
+
+    @precondition(lambda self: self.slots)
+    @rule(which=st.integers(0, 1), count=st.integers(1, 6))
+    def next_batches(self, which: int, count: int) -> None:
+        """Counted ``next()`` calls on one iterator."""
+        slot = self.slots[min(which, len(self.slots) - 1)]
+        self.log.append(f"next x{count} on slot {self.slots.index(slot)}")
+        self._take(slot, count)
+
+    @precondition(lambda self: self.slots)
+    @rule()
+    def to_the_end(self) -> None:
+        """The loop runs to ``StopIteration`` (the newest iterator)."""
+        self.log.append("to the end")
+        self._take(self.slots[-1], 10_000)
+
+    @precondition(lambda self: self.slots)
+    @rule(which=st.integers(0, 1))
+    def break_out(self, which: int) -> None:
+        self.log.append("break")
+        self.slots.pop(min(which, len(self.slots) - 1))
+
+    @rule()
+    def zip_with_len(self) -> None:
+        """``for _, batch in zip(range(len(loader)), loader)``: exactly len batches, no StopIteration."""
+        if self.twin is not None and self.fresh and not self.loads_at_once:
+            return  # len() before the twin's first iter() is the unloaded sampler's (see loads_at_once)
+        self.log.append("zip(range(len(loader)), loader)")
+        lengths = [outcome(lambda loader=loader: len(loader)) for loader in self.live]
+        if self.twin is not None:
+            assert [outcome(lambda loader=loader: len(loader)) for loader in self.twin] == lengths, self.log
+        slot = self._open()
+        for rank, length in enumerate(lengths):
+            count = length[1] if length[0] == "ok" else 0
+            items, _, error = take(slot.live[rank], count)
+            if slot.mode == REAL:
+                twin_items, _, twin_error = take(slot.twin[rank], count)  # type: ignore[index]
+                assert (as_lists(twin_items), twin_error) == (as_lists(items), error), (rank, self.log)
+        self.slots.remove(slot)  # the loop is over: zip stopped taking
+
+    @rule(epoch=EPOCHS)
+    def set_epoch(self, epoch: int) -> None:
+        """The loop left its pass (ended, broke, or a zip ran out), then ``set_epoch``."""
+        if self.twin is not None and self.fresh and not self.loads_at_once:
+            return  # the twin's loaded state would overwrite it at its first iter()
+        self.log.append(f"set_epoch({epoch})")
+        self.slots.clear()
+        for rank, loader in enumerate(self.live):
+            got = outcome(lambda: self.move_to(loader, epoch))
+            if self.twin is not None:
+                assert outcome(lambda: self.move_to(self.twin[rank], epoch)) == got, (rank, self.log)  # type: ignore[index]
+
+    @rule()
+    def save(self) -> None:
+        """Save on every rank; the twin is rebuilt from those states, as a resumed run is."""
+        self.log.append("save")
+        states = [outcome(lambda loader=loader: self.save_state(loader)) for loader in self.live]
+        if any(state[0] == "raised" for state in states):
+            return
+        twin = [self.make(self.config, rank) for rank in range(self.config.world_size)]
+        for loader, state in zip(twin, states):
+            loader.load_state_dict(state[1])
+        self.twin, self.fresh = twin, True
+        for slot in self.slots:
+            newest = slot.serial == self.serial and not any(slot.stopped)
+            slot.mode, slot.twin = (PENDING if newest else NO_TWIN), None
+
+    @invariant()
+    def reports_agree(self) -> None:
+        if self.twin is None:
+            return
+        for rank, (live, twin) in enumerate(zip(self.live, self.twin)):
+            assert self.reports(twin) == self.reports(live), (rank, self.log)
+
+
+def _dataloader(config: SamplerConfig, rank: int, workers: int, cls: type = DataLoader) -> Any:
+    return cls(list(range(config.size)), sampler=config.sampler(rank), batch_size=config.loader_batch,
+               num_workers=workers)  # fmt: skip
+
+
+class ResumableTwins(LoaderTwins):
+    def make(self, config: SamplerConfig, rank: int) -> ResumableLoader:
+        # rng_states=False: the process's RNG snapshot (5 kB) is not the data order, and taking it at every
+        # step would cost most of this file's time; tests/test_epoch_edges.py and A-core's tests cover it.
+        return ResumableLoader(_dataloader(config, rank, self.workers), rng_states=False)
+
+    def save_state(self, loader: ResumableLoader) -> Any:
+        return json_round_trip(loader.state_dict())
+
+    def move_to(self, loader: ResumableLoader, epoch: int) -> None:
+        loader.set_epoch(epoch)
+
+    def reports(self, loader: ResumableLoader) -> dict[str, Any]:
+        state = outcome(loader.state_dict)
+        if state[0] == "ok":  # the process's RNG states are the process's, not the data order's
+            state = ("ok", {key: value for key, value in state[1].items() if key != "rng_states"})
+        return {"len": outcome(lambda: len(loader)), "epoch": outcome(lambda: loader.epoch), "state_dict": state}
+
+
+class StatefulDataLoaderTwins(LoaderTwins):
+    # Adapted to torchdata: StatefulDataLoader applies a loaded state at the next iter(), so between
+    # load_state_dict and that iter() its len() is the unloaded sampler's and a set_epoch is overwritten
+    # (as with its own StatefulDistributedSampler): those calls are not compared / not made then.
+    loads_at_once = False
+
+    def make(self, config: SamplerConfig, rank: int) -> Any:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return _dataloader(config, rank, self.workers, StatefulDataLoader)
+
+    def save_state(self, loader: Any) -> Any:
+        return copy.deepcopy(loader.state_dict())
+
+    def move_to(self, loader: Any, epoch: int) -> None:
+        loader.sampler.set_epoch(epoch)
+
+
+    def reports(self, loader: Any) -> dict[str, Any]:
+        if self.fresh:  # torchdata applies the loaded state at the next iter() (see loads_at_once)
+            return {}
+        return {"len": outcome(lambda: len(loader))}
+
+
+def _variant(base: type[LoaderTwins], workers: int) -> type[LoaderTwins]:
+    machine = type(f"{base.__name__}_{workers}_workers", (base,), {"workers": workers,
+                                                                  "max_world": 2 if workers == 0 else 1})  # fmt: skip
+    examples, steps = (EXAMPLES, 20) if workers == 0 else (WORKER_EXAMPLES, 12)
+    machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None)
+    return machine
+
+
+VARIANTS = {
+    (name, workers): _variant(base, workers)
+    for name, base in (("resumable", ResumableTwins), ("stateful_dataloader", StatefulDataLoaderTwins))
+    for workers in (0, 2)
+}
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_restored_resumable_loader_behaves_as_the_live_one_for_every_later_call(workers: int) -> None:
+    VARIANTS["resumable", workers].TestCase().runTest()
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_restored_stateful_dataloader_with_our_sampler_behaves_as_the_live_one(workers: int) -> None:
+    VARIANTS["stateful_dataloader", workers].TestCase().runTest()
