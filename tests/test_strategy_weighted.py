@@ -167,7 +167,7 @@ def test_per_draw_seeding_gives_each_draw_of_a_record_its_own_augmentation() -> 
          "weights must be finite and non-negative, got inf at position 0"),
         (lambda: Weighted([0, 0.0]), ValueError, r"weights must have a positive sum, got all zeros \(2 weights\)"),
         (lambda: Weighted(["a"]), TypeError, "weights must hold numbers, got dtype <U1"),
-        (lambda: Weighted([1.0], num_samples=0), ValueError, "num_samples must be at least 1, got 0"),
+        (lambda: Weighted([1.0], num_samples=0), ValueError, r"num_samples must be at least 1 and at most \d+, got 0"),
         (lambda: Weighted([1.0], replacement=0), TypeError, "replacement must be a bool, got int 0"),
         (lambda: Weighted([1.0, 0.0, 2.0], num_samples=3, replacement=False), ValueError,
          "num_samples must be at most 2, the records of positive weight, without replacement; got 3"),

@@ -289,6 +289,7 @@ class ResumableLoader:
         continues from there (a loop that broke off resumes where it stopped)."""
         current, self._pass, self._token = self._pass, None, None
         if current is None:
+            self.sampler._settle_pass()  # a pass that ended is done with: the next one starts at the cursor
             return
         if self.batches_per_epoch is not None and current.consumed >= current.batches:
             self.sampler.set_epoch(current.epoch + 1)  # the capped epoch ended with its last batch

@@ -52,6 +52,21 @@ class StreamRecords:
             records[in_pass] = self._pass_order(base_pass + relative_pass)(local[in_pass])
         return records
 
+    def repeats(self, base_pass: int, offsets: np.ndarray) -> np.ndarray:
+        """Which stream positions repeat a record within its pass only to even out the ranks (a
+        strategy's pass order says so through an optional ``repeats(positions)``)."""
+        marked = np.zeros(offsets.shape, dtype=bool)
+        if offsets.size == 0:
+            return marked
+        length = self.pass_length(base_pass)
+        passes, local = np.divmod(offsets, length) if length else (np.zeros_like(offsets), offsets)
+        for relative_pass in np.unique(passes).tolist():
+            repeats = getattr(self._pass_order(base_pass + relative_pass), "repeats", None)
+            if repeats is not None:
+                in_pass = passes == relative_pass
+                marked[in_pass] = repeats(local[in_pass])
+        return marked
+
     def _pass_order(self, pass_index: int) -> PassOrder:
         order = self._cache.get(pass_index)
         if order is None:

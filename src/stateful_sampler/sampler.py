@@ -22,7 +22,7 @@ from torch.utils.data import DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
-from stateful_sampler.errors import PrefetchedStateError
+from stateful_sampler.errors import DoubleShardingError, PrefetchedStateError
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout, carry_epoch_start
 from stateful_sampler.order.policies import Order, Tail
@@ -221,6 +221,20 @@ class StatefulSampler(DistributedSampler):
     def num_samples(self) -> int:  # type: ignore[override]
         return len(self)
 
+    @property
+    def generator(self) -> None:
+        """No generator: the order is a pure function of (seed, epoch). Accelerate's
+        ``prepare_data_loader`` sets one on a sampler it is about to shard again across processes."""
+        return None
+
+    @generator.setter
+    def generator(self, value: Any) -> None:
+        raise DoubleShardingError(
+            f"accelerator.prepare shards the batches of a StatefulSampler that already shards over "
+            f"num_replicas={self.num_replicas}: each rank would see half its share or less; prepare the loader with "
+            f"stateful_sampler.accelerate.prepare_loader(accelerator, loader)"
+        )
+
     def __len__(self) -> int:
         """This rank's indices in the current epoch, counted from its start (as Lightning expects);
         after an elastic resume, the consumed part counts as if these ranks had taken it.
@@ -381,7 +395,7 @@ class StatefulSampler(DistributedSampler):
         if not self.yield_keys:
             return records, records
         passes = (offsets // max(layout.size, 1) + layout.epoch).tolist()
-        padding = layout.is_padding(positions).tolist()
+        padding = (layout.is_padding(positions) | self._records.repeats(layout.epoch, offsets)).tolist()
         return records, map(SampleKey, records, repeat(self.seed), passes, positions.tolist(), padding)
 
     def indices(self, epoch: int | None = None) -> np.ndarray:

@@ -11,7 +11,7 @@ for stateful sequence models: the groups are split once into W balanced lanes, a
 the lanes position by position, and slot p % W of the stride walks one lane. The lanes are fixed at
 construction because a pass's length may not depend on the seed; each pass shuffles the groups inside
 every lane and which slot takes which lane. Every lane is as long as the longest one, so shorter lanes
-wrap onto their own first records (repeats, not marked as padding) and every rank takes the same
+wrap onto their own first records (repeats, marked as padding) and every rank takes the same
 number of steps.
 """
 
@@ -104,6 +104,16 @@ class _GroupedPass:
         self._lane_starts = np.concatenate(([0], np.cumsum(lane_sizes)[:-1])).astype(np.int64)
         slots = FeistelPermutation(lanes, derive_seed(Domain.PERMUTATION, pass_seed, _LANES), 0)
         self._slot_lane = slots(np.arange(lanes, dtype=np.int64))  # stride slot -> the lane it walks
+
+    def repeats(self, positions: np.ndarray) -> np.ndarray:
+        """Which pass positions walk a short lane again (its own first records, only to keep every
+        rank's step count equal): marked as padding, so they can be masked."""
+        strategy = self._strategy
+        lanes = strategy.lanes
+        if lanes == 1:
+            return np.zeros(positions.shape, dtype=bool)
+        lane = self._slot_lane[positions % lanes]
+        return (positions // lanes) >= strategy._lane_sizes[lane]
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         strategy = self._strategy
