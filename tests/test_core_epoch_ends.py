@@ -325,7 +325,7 @@ def test_weighted_num_samples_beyond_the_largest_epoch_is_refused_at_constructio
 
 
 def test_a_curriculum_schedule_that_drop_cannot_shard_is_refused_at_construction() -> None:
-    with pytest.raises(ValueError, match=r"on num_replicas=3 ranks \(epoch 1\)"):
+    with pytest.raises(ValueError, match=r"on num_replicas=3 ranks would drop every record \(epoch 1\)"):
         StatefulSampler(4, strategy=Curriculum([0, 0, 1, 1], schedule=[2, 1]), tail="drop", num_replicas=3, rank=0)
 
 

@@ -146,8 +146,11 @@ class ResumableLoader:
         >>> resumed.load_state_dict(state)
         >>> len(resumed)                               # the batches left in the epoch
         2
-        >>> [first.tolist()] + [batch.tolist() for batch in resumed] == [batch.tolist() for batch in loader]
+        >>> rest = [batch.tolist() for batch in resumed]
+        >>> rest == [batch.tolist() for batch in loader]   # the live loader's next pass continues the same way
         True
+        >>> len(first) + sum(len(batch) for batch in rest)
+        10
     """
 
     def __init__(

@@ -199,8 +199,8 @@ class StatefulSampler(DistributedSampler):
             length = self._records.pass_length(epoch)
             if self.tail is Tail.DROP and 0 < length < world_size:
                 raise ValueError(
-                    f"tail='drop' with {length} records on num_replicas={world_size} ranks (epoch {epoch}) "
-                    f"would drop every record: use tail='pad' or 'uneven', or fewer ranks"
+                    f"tail='drop' with {length} records on num_replicas={world_size} ranks would drop every record "
+                    f"(epoch {epoch}): use tail='pad' or 'uneven', or fewer ranks"
                 )
 
     # -- DistributedSampler's public attributes, derived rather than stored
