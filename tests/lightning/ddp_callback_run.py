@@ -18,7 +18,9 @@ from pathlib import Path
 warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.lightning.lightning_harness import SaveAt, Setup, fit  # noqa: E402
+import torch  # noqa: E402
+
+from tests.lightning.lightning_harness import Callback, SaveAt, Setup, fit  # noqa: E402
 
 DDP = dict(strategy="ddp", devices=2)
 
@@ -27,7 +29,7 @@ DDP = dict(strategy="ddp", devices=2)
 # N=19: epochs of 4, 5 and 5 steps.
 CASES = {
     "pad": (
-        Setup(size=21, batch_size=2, tail="pad", keys=True, max_epochs=2),
+        Setup(size=21, batch_size=2, tail="pad", keys=True, max_epochs=2, dropout=0.5),
         dict(after_batches=(4,), after_epochs=(0,)),
     ),
     # Forking a worker from a rank whose gloo threads are running can hang the child in CPython's
@@ -41,12 +43,24 @@ CASES = {
 }
 
 
+class SeedPerRank(Callback):
+    """Gives each rank its own torch RNG stream at the fit's start (seed_everything gives them one), so that
+    a resume which put rank 0's RNG states on every rank would change rank 1's dropout."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+        torch.manual_seed(1000 + trainer.global_rank)
+
+
+def weights(model) -> list[float]:  # type: ignore[no-untyped-def]
+    return [*model.layer.weight.flatten().tolist(), *model.layer.bias.tolist()]
+
+
 def main(out_dir: Path) -> None:
     multiprocessing.set_forkserver_preload(["tests.lightning.lightning_harness"])  # workers start in ms, not s
     for tail, (setup, points) in CASES.items():
         save = SaveAt(out_dir / tail, **points)
         (out_dir / tail).mkdir(parents=True, exist_ok=True)
-        full = fit(setup, [save], **DDP)
+        full = fit(setup, [save, SeedPerRank()], **DDP)
         trainer = full.trainer
         loader = trainer.train_dataloader
         sampler = loader.sampler
@@ -60,8 +74,11 @@ def main(out_dir: Path) -> None:
             "padding": full.padding,
             "epochs": full.epochs,
             "dropped": [sampler.dropped_indices(epoch) for epoch in range(setup.max_epochs)],
-            "resumed": {name: fit(setup, ckpt_path=path, **DDP).record for name, path in sorted(save.saved.items())},
+            "weights": weights(full),
         }
+        resumed = {name: fit(setup, [SeedPerRank()], ckpt_path=path, **DDP) for name, path in sorted(save.saved.items())}
+        report["resumed"] = {name: model.record for name, model in resumed.items()}
+        report["resumed_weights"] = {name: weights(model) for name, model in resumed.items()}
         (out_dir / f"{tail}_rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
 

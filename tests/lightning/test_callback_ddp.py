@@ -102,3 +102,13 @@ def test_carry_keeps_epochs_whole_and_sees_each_record_once_a_pass_minus_the_fin
     seen = [index for report in ranks for batch in report["record"] for index in batch]
     third_pass = StatefulSampler(setup.size, seed=setup.seed, tail="uneven").indices(epoch=2).tolist()
     assert Counter(seen) == Counter({index: 3 for index in range(19)}) - Counter(third_pass[-1:])
+
+
+@pytest.mark.slow
+def test_a_model_with_dropout_resumes_bitwise_on_every_rank_with_its_own_rng_states(reports: dict) -> None:
+    """Issue 17, item 8, under DDP: "pad" has dropout and each rank its own torch RNG stream; SamplerCheckpoint
+    gathers every rank's RNG states into the checkpoint rank 0 writes, and gives each rank its own back."""
+    for report in reports["pad"]:
+        assert set(report["resumed_weights"]) == {"batch4", "epoch0"}
+        for name, weights in report["resumed_weights"].items():
+            assert weights == report["weights"], f"rank {report['rank']} resumed from {name}"
