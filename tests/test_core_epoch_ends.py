@@ -353,3 +353,20 @@ def test_distributed_sampler_s_positional_arguments_and_drop_last_are_taken() ->
 def test_drop_last_contradicting_tail_is_refused_naming_both(drop_last: bool, tail: str) -> None:
     with pytest.raises(ValueError, match=rf"drop_last={drop_last} contradicts tail='{tail}'"):
         StatefulSampler(10, drop_last=drop_last, tail=tail)
+
+
+def test_an_iterator_made_before_load_state_dict_begins_at_the_loaded_position() -> None:
+    live = loader_of()
+    iterator = iter(live)
+    next(iterator)
+    state = live.state_dict()
+    twin = loader_of()
+    pending = iter(twin)  # a framework iterates before it restores
+    twin.load_state_dict(state)
+    assert batches(pending) == whole()[0][1:]
+
+
+def test_a_capped_epoch_under_workers_that_drew_the_whole_epoch_moves_on_by_one_epoch() -> None:
+    loader = loader_of(workers=2, batches_per_epoch=2)
+    assert [batches(loader) for _ in range(2)] == [whole()[0][:2], whole()[1][:2]]
+    assert loader.epoch == 2

@@ -254,7 +254,7 @@ class ResumableLoader:
         for generator in self._generators:
             generator.manual_seed((self.sampler.seed * 1_000_003 + current.epoch) % (1 << 63))
         if current.batches == 0 and self.batches_per_epoch is not None:
-            self._end_capped_epoch(token)
+            self._end_capped_epoch(token, current)
             return
         batches = iter(self.loader)
         while current.consumed < current.batches or self.batches_per_epoch is None:
@@ -269,16 +269,16 @@ class ResumableLoader:
             yield batch
             self._check_current(token)
         else:
-            self._end_capped_epoch(token)
+            self._end_capped_epoch(token, current)
             return
         if self._token is token:  # the pass ended: the sampler's drawn position is the consumed one
             self._pass = self._token = None
 
-    def _end_capped_epoch(self, token: object) -> None:
+    def _end_capped_epoch(self, token: object, current: _LoaderPass) -> None:
         """The cap is reached: the epoch ends here, as if the loop had seen its end."""
         if self._token is token:
             self._pass = self._token = None
-            self.sampler.set_epoch(self.sampler.epoch + 1)
+            self.sampler.set_epoch(current.epoch + 1)
 
     def _check_current(self, token: object) -> None:
         if self._token is not token:
@@ -303,7 +303,7 @@ class ResumableLoader:
     def _consumed_positions(self) -> int | None:
         """This rank's positions of the sampler's pass that the loop consumed (the seam
         ``sampler.state_dict()`` reads); ``None`` when no pass of this loader is under way."""
-        if self._pass is None:
+        if self._pass is None or not self._pass.started:
             return None
         return self._pass.consumed * self._records_per_batch
 
@@ -328,8 +328,12 @@ class ResumableLoader:
         The RNG states saved with it are restored too (unless ``rng_states=False``): load it last,
         just before the loop, after the model is built."""
         saved = LoaderState.from_dict(state)
+        pending = self._pass if self._pass is not None and not self._pass.started else None
         self.sampler.load_state_dict(saved.sampler)
-        self._pass = self._token = None
+        if pending is None:
+            self._pass = self._token = None
+        else:  # an iterator made before the load and not yet started begins at the loaded position
+            pending.epoch, pending.batches = self.sampler.epoch, self._next_pass_batches()
         if saved.rng_states is not None and self.rng_states:
             restore_rng_states(saved.rng_states)
 
