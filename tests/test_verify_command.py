@@ -167,7 +167,7 @@ def test_verify_refuses_a_command_line_it_cannot_run(
 ) -> None:
     if message is None:  # --devices with no {devices} in the command: a reason, exit code 2
         assert main(["--devices", "2", *arguments]) == EXIT_RUN_FAILED
-        assert capsys.readouterr().out == (
+        assert capsys.readouterr().err == (
             "verify could not complete: devices: the command has no {devices} to put 2 in; write it where the "
             "command takes its process count, e.g. torchrun --nproc-per-node {devices} ...\n"
         )

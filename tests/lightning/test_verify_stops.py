@@ -73,12 +73,12 @@ def poll(condition: Callable[[], T], what: str) -> T:
 
 
 def read_until(process: subprocess.Popen, prefix: str) -> str:
-    """verify's output up to and including the first line that starts with ``prefix``."""
+    """verify's progress (on stderr) up to and including the first line that starts with ``prefix``."""
     output = b""
     deadline = time.monotonic() + 300
     while not any(line.startswith(prefix.encode()) for line in output.splitlines()):
-        ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        chunk = os.read(process.stdout.fileno(), 4096) if ready else b""
+        ready, _, _ = select.select([process.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(process.stderr.fileno(), 4096) if ready else b""
         if not chunk:
             raise AssertionError(f"verify printed no line starting with {prefix!r}; it printed:\n{output.decode()}")
         output += chunk
@@ -99,7 +99,7 @@ def test_killing_verify_ends_every_process_of_its_run_and_sigterm_removes_its_wo
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     command = [sys.executable, "-m", "stateful_sampler.cli", "verify", "--config", str(config)]
-    verify = subprocess.Popen(command, stdout=subprocess.PIPE, env={**os.environ, "TMPDIR": str(temporary)})
+    verify = subprocess.Popen(command, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(temporary)})
     run = None
     try:
         read_until(verify, "run killed with SIGKILL after step")
