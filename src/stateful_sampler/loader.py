@@ -12,7 +12,6 @@ frameworks that write rank 0's copy only (Fabric, Accelerate) resume every rank 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -21,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from stateful_sampler.errors import DoubleShardingError, IncompatibleStateError, SamplerNotFoundError
+from stateful_sampler.plugins import load_plugins
 from stateful_sampler.sampler import StatefulSampler
 
 LOADER_STATE_VERSION = 1
@@ -111,10 +111,7 @@ class ResumableLoader:
         self._consumed: int | None = None  # batches of the pass under way; None: no pass under way
         self._pass_epoch = 0
         self._generators = _own_generators(loader)
-        if os.environ.get("STATEFUL_SAMPLER_RECORD"):  # `stateful-sampler verify` records this run from outside
-            from stateful_sampler.verify.loader_hook import record_from_environment
-
-            record_from_environment()
+        load_plugins()  # tools that observe training from outside (verify) install their hooks
 
     @property
     def epoch(self) -> int:
