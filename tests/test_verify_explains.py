@@ -194,7 +194,9 @@ def test_a_failed_runs_log_that_verify_names_exists_after_it_exits(capsys: pytes
     assert main(["--", *failing]) == EXIT_RUN_FAILED
     captured = capsys.readouterr()
     assert captured.out == ""
-    found = re.search(r"the reference run exited with code 3; last lines of (\S+\.log):\nthe training broke\n", captured.err)
+    found = re.search(
+        r"the reference run exited with code 3; last lines of (\S+\.log):\nthe training broke\n", captured.err
+    )
     assert found, captured.err
     log = Path(found.group(1))
     try:
@@ -214,14 +216,18 @@ def test_a_missing_dependency_exits_2_with_the_extra_to_install(tmp_path: Path, 
         "from stateful_sampler.verify.cli import main\n"
         f"sys.exit(main(['--config', {str(config)!r}]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=os.environ.copy())
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=os.environ.copy(), check=False
+    )
     assert (done.returncode, done.stdout) == (EXIT_RUN_FAILED, "")
     reason = done.stderr.splitlines()[-1]
-    assert reason.startswith(f"verify could not complete: a module verify needs is not installed ("), reason
+    assert reason.startswith("verify could not complete: a module verify needs is not installed ("), reason
     assert module in reason and reason.endswith("): pip install 'stateful-sampler[lightning]'")
 
 
-def test_an_unexpected_error_inside_verify_exits_2_not_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+def test_an_unexpected_error_inside_verify_exits_2_not_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("oops")
 

@@ -66,7 +66,10 @@ def test_a_loader_records_nothing_and_imports_no_verify_without_the_plugin(tmp_p
 
 
 def test_the_plugin_named_in_the_environment_records_the_loader_batches(tmp_path: Path) -> None:
-    env = {"STATEFUL_SAMPLER_RECORD": str(tmp_path / "run"), "STATEFUL_SAMPLER_PLUGINS": "stateful_sampler.verify.plugin"}
+    env = {
+        "STATEFUL_SAMPLER_RECORD": str(tmp_path / "run"),
+        "STATEFUL_SAMPLER_PLUGINS": "stateful_sampler.verify.plugin",
+    }
     assert "stateful_sampler.verify.plugin" in _train(env)
     lines = [json.loads(line) for line in (tmp_path / "run.rank0.jsonl").read_text().splitlines()]
     assert [(line["kind"], line.get("batch_idx"), line["step"]) for line in lines] == [
@@ -78,5 +81,8 @@ def test_a_plugin_that_cannot_be_imported_is_named_with_the_variable(monkeypatch
 
     monkeypatch.setenv(plugins.PLUGINS_ENV, "no_such_plugin_module")
     monkeypatch.setattr(plugins, "_loaded", set())
-    with pytest.raises(ImportError, match=r"^STATEFUL_SAMPLER_PLUGINS: cannot import the plugin module 'no_such_plugin_module': No module named 'no_such_plugin_module'$"):
+    with pytest.raises(
+        ImportError,
+        match=r"^STATEFUL_SAMPLER_PLUGINS: cannot import the plugin module 'no_such_plugin_module': No module named 'no_such_plugin_module'$",
+    ):
         plugins.load_plugins()

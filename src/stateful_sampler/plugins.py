@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 PLUGINS_ENV = "STATEFUL_SAMPLER_PLUGINS"
 

@@ -12,11 +12,11 @@ import yaml
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from stateful_sampler.testing import assert_resume_equal
+from stateful_sampler.verify.cli import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
 from stateful_sampler.verify.compare import compare_runs
 from stateful_sampler.verify.fingerprint import batch_fingerprint, batch_indices
 from stateful_sampler.verify.recorder import BatchRecord, RunRecord, read_run
-from stateful_sampler.verify.cli import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
-from stateful_sampler.testing import assert_resume_equal
 from tests.lightning.verify_harness import digits_config
 
 # digits_config: 2 epochs of 29 steps, a checkpoint every 10 steps; killed after 25, resumed from 20.

@@ -23,9 +23,10 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Iterator
+from typing import Any
 
 from stateful_sampler.verify.compare import ResumeReport
 from stateful_sampler.verify.errors import TrainingRunError
@@ -53,7 +54,12 @@ examples:
 
 exit codes: 0 equal, 1 diverged, 2 could not run (the reason on stderr; a failed run's work
 directory is kept for its logs). Progress goes to stderr, the report to stdout."""
-_EXTRAS = {"lightning": "lightning", "jsonargparse": "lightning", "yaml": "lightning", "pytorch_lightning": "pytorch-lightning"}
+_EXTRAS = {
+    "lightning": "lightning",
+    "jsonargparse": "lightning",
+    "yaml": "lightning",
+    "pytorch_lightning": "pytorch-lightning",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return _could_not_run(str(error), args.json)
     except ImportError as error:
         return _could_not_run(_missing(error), args.json)
-    except Exception as error:  # a bug of verify's own: still "could not run", never "diverged"
+    except Exception as error:  # noqa: BLE001  # a bug of verify's own: still "could not run", never "diverged"
         traceback.print_exc(file=sys.stderr)
         return _could_not_run(f"unexpected {type(error).__name__}: {error}", args.json)
     print(json.dumps(report_json(report)) if args.json else format_report(report), flush=True)
@@ -159,8 +165,10 @@ def format_report(report: ResumeReport) -> str:
     steps = report.batches_compared // max(report.ranks, 1)
     lines = [
         f"killed after step {report.kill_at}; resumed from the checkpoint at step {report.resumed_from}",
-        f"batches compared: {report.batches_compared} ({steps} steps x {report.ranks} rank(s)), "
-        f"identical: {report.identical_batches}",
+        (
+            f"batches compared: {report.batches_compared} ({steps} steps x {report.ranks} rank(s)), "
+            f"identical: {report.identical_batches}"
+        ),
         f"final weights: uninterrupted {report.reference_weights}, resumed {report.resumed_weights}",
     ]
     if report.equal:

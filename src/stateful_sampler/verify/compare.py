@@ -66,7 +66,9 @@ def compare_runs(
                 differences.append((record.key, _mismatch(run_name, want, record)))
     for key in sorted(set(expected) - seen):
         matching.discard(key)
-        differences.append((key, f"{_where(expected[key])}: neither the killed nor the resumed run trained on this batch"))
+        differences.append(
+            (key, f"{_where(expected[key])}: neither the killed nor the resumed run trained on this batch")
+        )
     resumed_from = max(killed.checkpoint_steps, default=None)
     start_problem = _start_problem(resumed, resumed_from, kill_at, not_resumed)
     if start_problem is not None:

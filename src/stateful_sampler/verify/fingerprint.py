@@ -68,7 +68,9 @@ def rng_fingerprints() -> dict[str, str]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         digests["cuda"] = _digest(b"".join(state.numpy().tobytes() for state in torch.cuda.get_rng_state_all()))
     kind, key, position, has_gauss, gauss = np.random.get_state(legacy=True)
-    digests["numpy"] = _digest(f"{kind} {position} {has_gauss} {gauss!r};".encode() + np.ascontiguousarray(key).tobytes())
+    digests["numpy"] = _digest(
+        f"{kind} {position} {has_gauss} {gauss!r};".encode() + np.ascontiguousarray(key).tobytes()
+    )
     digests["random"] = _digest(repr(random.getstate()).encode())
     return digests
 

@@ -8,9 +8,9 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from stateful_sampler.checks import check_int
 from stateful_sampler.verify.compare import ResumeReport, compare_runs
@@ -133,7 +133,9 @@ def _check_fresh_start(launch: Launch, reference: RunRecord, killed: RunRecord, 
     """The killed run starts fresh, as the reference did: else it resumed from a checkpoint it was not given."""
     want, got = _first_batches(reference), _first_batches(killed)
     if not got and ended:
-        raise TrainingRunError(f"the killed run, a fresh start, trained on no batch: {launch.shared_checkpoints}; {ended}")
+        raise TrainingRunError(
+            f"the killed run, a fresh start, trained on no batch: {launch.shared_checkpoints}; {ended}"
+        )
     for rank, record in sorted(got.items()):
         if rank in want and record.key != want[rank].key:
             raise TrainingRunError(

@@ -16,9 +16,10 @@ import os
 import select
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 from stateful_sampler.plugins import PLUGINS_ENV
 from stateful_sampler.verify.errors import ConfigError, TrainingRunError
@@ -45,12 +46,29 @@ class Launch(Protocol):
     """What a framework's runner says: the command of each run, how its records compare, and, in its
     own terms, how a run that breaks verify's contract is fixed."""
 
-    timeout: float  # seconds per run
-    needs_checkpoint_records: bool  # the run records every checkpoint it saves; else verify may not see them
-    no_batches: str  # the fix when a run recorded no batch
-    no_weights: str  # the fix when a run that finished recorded no final weights
-    not_resumed: str  # the fix when the resumed run did not start at the last checkpoint
-    shared_checkpoints: str  # the fix when a fresh run resumed from a checkpoint another run left
+    @property
+    def timeout(self) -> float:
+        """Seconds per run."""
+
+    @property
+    def needs_checkpoint_records(self) -> bool:
+        """The run records every checkpoint it saves; else verify may not see them."""
+
+    @property
+    def no_batches(self) -> str:
+        """The fix when a run recorded no batch."""
+
+    @property
+    def no_weights(self) -> str:
+        """The fix when a run that finished recorded no final weights."""
+
+    @property
+    def not_resumed(self) -> str:
+        """The fix when the resumed run did not start at the last checkpoint."""
+
+    @property
+    def shared_checkpoints(self) -> str:
+        """The fix when a fresh run resumed from a checkpoint another run left."""
 
     def command(self, run_dir: Path, resume: bool) -> list[str]:
         """The training command; ``resume`` for the run after the kill."""

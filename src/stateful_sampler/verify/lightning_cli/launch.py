@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from stateful_sampler.verify.lightning_cli.config import read_config
 from stateful_sampler.verify.recorder import RunRecord
