@@ -11,7 +11,6 @@ run's first process sees its lifeline (``lifeline.py``) end and kills the run.
 from __future__ import annotations
 
 import json
-import math
 import os
 import select
 import subprocess
@@ -151,24 +150,27 @@ class StepWatch:
         self._reported = time.monotonic()
 
     def poll(self) -> None:
-        if self.path.exists():
-            with self.path.open("rb") as file:
-                file.seek(self._offset)
-                data = self._partial + file.read()
-            self._offset += len(data) - len(self._partial)
-            *lines, self._partial = data.split(b"\n")
-            for line in lines:
-                entry = json.loads(line)
-                if entry["kind"] == "batch":
-                    self.steps = max(self.steps, entry["step"] + 1)
+        self._read()
         if self.steps and time.monotonic() - self._reported >= PROGRESS_SECONDS:
             self._reported = time.monotonic()
             self.progress(f"  {self.name} run: step {self.steps}")
 
     def finished(self) -> None:
-        self._reported = -math.inf
-        self.poll()
+        self._read()
         self.progress(f"  {self.name} run: finished, {self.steps} steps on rank 0")
+
+    def _read(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as file:
+            file.seek(self._offset)
+            new = file.read()
+        self._offset += len(new)
+        *lines, self._partial = (self._partial + new).split(b"\n")
+        for line in lines:
+            entry = json.loads(line)
+            if entry["kind"] == "batch":
+                self.steps = max(self.steps, entry["step"] + 1)
 
 
 @contextmanager
