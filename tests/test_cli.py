@@ -8,15 +8,14 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from stateful_sampler import __version__
-from stateful_sampler.audit import AuditConfig, audit
+from stateful_sampler.audit import AuditConfig, audit, cost
 from stateful_sampler.audit import cli as audit_cli
-from stateful_sampler.audit import cost
 from stateful_sampler.cli import main
 from stateful_sampler.demo import shipped_config
 from stateful_sampler.demo.__main__ import main as demo_main
@@ -82,7 +81,7 @@ def test_a_missing_required_flag_is_named_as_the_flag(args, message, capsys):
     assert capsys.readouterr().err == f"stateful-sampler audit: error: {message}\n"
 
 
-USER_DATAMODULE = '''
+USER_DATAMODULE = """
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 from stateful_sampler import StatefulSampler
@@ -90,7 +89,7 @@ from stateful_sampler import StatefulSampler
 class SmallData(LightningDataModule):
     def train_dataloader(self):
         return DataLoader(list(range(37)), sampler=StatefulSampler(37, batch_size=5), batch_size=5)
-'''
+"""
 USER_CONFIG = """\
 model:
   class_path: stateful_sampler.demo.model.DigitsClassifier

@@ -82,9 +82,10 @@ print("quick start: ok")
 
 
 def run(*command: str | Path, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """A command as the user runs it: the venv's bin first on PATH, nothing of the checkout's Python."""
-    environment = {key: value for key, value in os.environ.items()
-                   if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}  # fmt: skip
+    """A command as the user runs it: nothing of the checkout's Python on the path, and the imports
+    free to cache their bytecode (the venv was installed without it)."""
+    unset = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "PYTHONDONTWRITEBYTECODE")
+    environment = {key: value for key, value in os.environ.items() if key not in unset}
     environment["OMP_NUM_THREADS"] = "1"
     result = subprocess.run([str(part) for part in command], capture_output=True, text=True, cwd=cwd,
                             env=environment, timeout=timeout)  # fmt: skip
@@ -103,10 +104,15 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def user(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the venv's bin directory, an empty working directory): the wheel installed with the demo extra."""
     home = tmp_path_factory.mktemp("user")
-    run(sys.executable, "-m", "venv", home / "venv", cwd=home)
+    run(sys.executable, "-m", "venv", "--without-pip", home / "venv", cwd=home)
     python = home / "venv" / "bin" / "python"
-    run(python, "-m", "pip", "install", "--quiet", TORCH, cwd=home)
-    run(python, "-m", "pip", "install", "--quiet", f"{dist / f'{NAME}-py3-none-any.whl'}[demo]", cwd=home)
+    # This pip installs into the new venv (--python), which saves ensurepip; --no-compile saves
+    # byte-compiling all of torch: each process compiles and caches what it imports (run() lets it
+    # write the cache). Measured CPU time: install 27 s instead of 59 s; importing Lightning,
+    # scikit-learn and verify then takes 6 s either way.
+    install = [sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-compile"]
+    run(*install, TORCH, cwd=home)
+    run(*install, f"{dist / f'{NAME}-py3-none-any.whl'}[demo]", cwd=home)
     work = home / "work"
     work.mkdir()
     assert not work.resolve().is_relative_to(ROOT)
@@ -126,7 +132,7 @@ def test_the_wheel_and_sdist_pass_twine_check_and_carry_the_license_types_and_co
     assert {"stateful_sampler/py.typed", "stateful_sampler/demo/resume.yaml", "stateful_sampler/__main__.py"} <= names
     assert "License-Expression: Apache-2.0" in metadata and "Classifier: Typing :: Typed" in metadata
     assert 'Requires-Dist: jsonargparse[signatures]<5.0,>=4.27; extra == "lightning"' in metadata
-    assert re.search(r"^Requires-Dist: pyyaml>=6; extra == \"lightning\"$", metadata, re.M)
+    assert re.search(r"^Requires-Dist: pyyaml>=6; extra == \"lightning\"$", metadata, re.MULTILINE)
     assert "](docs/" not in metadata  # the README's links work on the package index page
     with tarfile.open(sdist) as archive:
         assert archive.extractfile(f"{NAME}/LICENSE").read().decode() == license_text  # type: ignore[union-attr]
@@ -149,14 +155,16 @@ def test_the_sdist_holds_every_file_its_tests_read(dist):
 def test_the_command_prints_its_version(user):
     bin_dir, work = user
     assert run(bin_dir / "stateful-sampler", "--version", cwd=work).stdout == f"stateful-sampler {__version__}\n"
-    assert run(bin_dir / "python", "-m", "stateful_sampler", "--version", cwd=work).stdout.startswith("stateful-sampler")
+    assert run(bin_dir / "python", "-m", "stateful_sampler", "--version", cwd=work).stdout.startswith(
+        "stateful-sampler"
+    )
 
 
 def test_the_readme_quick_start_runs(user):
     bin_dir, work = user
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Quick start: a plain PyTorch loop"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
+    section = readme[readme.index("## Quick start: a plain PyTorch loop") :]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)  # type: ignore[union-attr]
     (work / "quick_start.py").write_text(QUICK_START_PRELUDE + code + QUICK_START_CHECK)
     assert run(bin_dir / "python", "quick_start.py", cwd=work).stdout.endswith("quick start: ok\n")
 

@@ -162,7 +162,9 @@ def _from_config(path: str, world_size: int | None) -> tuple[StatefulSampler, di
     if world_size is not None:
         sampler = on_rank(sampler, world_size, 0)
     settings = {
-        "batch_size": loader.batch_size if loader.batch_size is not None else getattr(batch_sampler, "batch_size", None),
+        "batch_size": loader.batch_size
+        if loader.batch_size is not None
+        else getattr(batch_sampler, "batch_size", None),
         "drop_last": loader.drop_last if loader.batch_size is not None else getattr(batch_sampler, "drop_last", False),
         "num_workers": loader.num_workers,
     }
