@@ -5,6 +5,10 @@ It meets verify's contract for commands and is not edited for verify: its batche
 when run again, and it calls ``record_weights`` at the end. ``--drawn-position`` is the classic bug:
 it saves the position the sampler *drew*, which 2 prefetching workers put ahead of training.
 ``--ddp`` joins the process group torchrun sets up (gloo); rank 0 writes the checkpoint.
+The other flags each break one part of the contract, for verify to name: ``--dropout`` with
+``--forget-rng`` (a model whose randomness the resume does not restore: it reseeds after loading),
+``--forget-optimizer`` (momentum not restored), ``--forget-loader`` (the loader state not restored),
+``--plain-loader`` (no ``ResumableLoader``), ``--no-record-weights``.
 """
 
 from __future__ import annotations
@@ -30,25 +34,34 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--drawn-position", action="store_true")
     parser.add_argument("--ddp", action="store_true")
+    for flag in ("--dropout", "--forget-rng", "--forget-optimizer", "--forget-loader", "--plain-loader",
+                 "--no-record-weights"):  # fmt: skip
+        parser.add_argument(flag, action="store_true")
     args = parser.parse_args()
     if args.ddp:
         dist.init_process_group("gloo")
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(RECORDS, 4, generator=generator), torch.randn(RECORDS, 1, generator=generator))
     sampler = StatefulSampler(data, seed=3, batch_size=BATCH)
-    loader = ResumableLoader(DataLoader(data, sampler=sampler, batch_size=BATCH, num_workers=2))
+    batches = DataLoader(data, sampler=sampler, batch_size=BATCH, num_workers=2)
+    loader = batches if args.plain_loader else ResumableLoader(batches)
     torch.manual_seed(1)
-    model = nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = nn.Sequential(nn.Dropout(0.2), nn.Linear(4, 1)) if args.dropout else nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9 if args.forget_optimizer else 0.0)
     checkpoint, step = args.root / "last.pt", 0
     if checkpoint.exists():
         saved = torch.load(checkpoint)
         model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        (sampler if args.drawn_position else loader).load_state_dict(saved["loader"])
+        if not args.forget_optimizer:
+            optimizer.load_state_dict(saved["optimizer"])
+        if not args.forget_loader:
+            (sampler if args.drawn_position or args.plain_loader else loader).load_state_dict(saved["loader"])
+        if args.forget_rng:
+            torch.manual_seed(1)  # as a fresh process would be, whatever the loader restored
         step = saved["step"]
-    for epoch in range(loader.epoch, EPOCHS):
-        loader.set_epoch(epoch)
+    epochs = sampler if args.plain_loader else loader
+    for epoch in range(epochs.epoch, EPOCHS):
+        epochs.set_epoch(epoch)
         for inputs, targets in loader:
             optimizer.zero_grad()
             loss = nn.functional.mse_loss(model(inputs), targets)
@@ -59,11 +72,13 @@ def main() -> None:
             optimizer.step()
             step += 1
             if step % args.every == 0 and int(os.environ.get("RANK", "0")) == 0:
-                position = sampler.state_dict() if args.drawn_position else loader.state_dict()
+                drawn = args.drawn_position or args.plain_loader
+                position = sampler.state_dict() if drawn else loader.state_dict()
                 state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": position}
                 torch.save({**state, "step": step}, args.root / "next.pt")
                 os.replace(args.root / "next.pt", checkpoint)
-    record_weights(model)
+    if not args.no_record_weights:
+        record_weights(model)
     if args.ddp:
         dist.destroy_process_group()
 

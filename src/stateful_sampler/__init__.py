@@ -15,7 +15,7 @@ from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.seeding import GlobalRNGThreadError, SampleRNG, SeededDataset, seed_worker
 from stateful_sampler.state import SamplerState
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Curriculum",

@@ -16,9 +16,14 @@ from __future__ import annotations
 
 from torch.utils.data import DataLoader
 
-from accelerate import Accelerator
-from accelerate.data_loader import prepare_data_loader
+from stateful_sampler.extras import missing_extra
 from stateful_sampler.loader import ResumableLoader, find_sampler
+
+try:
+    from accelerate import Accelerator
+    from accelerate.data_loader import prepare_data_loader
+except ModuleNotFoundError as error:
+    raise missing_extra(error, "accelerate", __name__) from error
 
 
 def prepare_loader(accelerator: Accelerator, loader: DataLoader) -> ResumableLoader:

@@ -14,8 +14,13 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from lightning.fabric import Fabric
+from stateful_sampler.extras import missing_extra
 from stateful_sampler.loader import ResumableLoader, find_sampler
+
+try:
+    from lightning.fabric import Fabric
+except ModuleNotFoundError as error:
+    raise missing_extra(error, "fabric", __name__) from error
 
 
 def setup_dataloader(

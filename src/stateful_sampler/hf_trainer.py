@@ -18,11 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from torch.utils.data import Dataset
-from transformers import Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from stateful_sampler.extras import missing_extra
 from stateful_sampler.loader import ResumableLoader
 from stateful_sampler.sampler import StatefulSampler
+
+try:
+    from transformers import Trainer
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+except ModuleNotFoundError as error:
+    raise missing_extra(error, "transformers", __name__) from error
 
 STATE_FILE = "stateful_sampler.json"
 

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 
 class SampleKey(NamedTuple):
-    index: int  # the record to load
+    index: int  # type: ignore[assignment]  # the record to load (a field, shadowing tuple.index, since 0.1.0)
     seed: int  # the sampler's seed
     epoch: int  # the pass whose permutation placed the record (the epoch, except carry's remainder)
     position: int  # global position within the epoch

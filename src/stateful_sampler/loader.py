@@ -12,7 +12,6 @@ frameworks that write rank 0's copy only (Fabric, Accelerate) resume every rank 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,6 +22,7 @@ from torch.utils.data import DataLoader
 from stateful_sampler.checks import check_bool, check_int, check_optional_int
 from stateful_sampler.errors import DoubleShardingError, IncompatibleStateError, SamplerNotFoundError, StalePassError
 from stateful_sampler.order.layout import MAX_BATCH
+from stateful_sampler.plugins import load_plugins
 from stateful_sampler.sampler import StatefulSampler, set_consumed_source
 from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
 
@@ -172,10 +172,7 @@ class ResumableLoader:
         self._token: object | None = None  # the latest iterator's; an older one is stale
         self._generators = _own_generators(loader)
         set_consumed_source(self.sampler, self._consumed_positions)
-        if os.environ.get("STATEFUL_SAMPLER_RECORD"):  # `stateful-sampler verify` records this run from outside
-            from stateful_sampler.verify.loader_hook import record_from_environment
-
-            record_from_environment()
+        load_plugins()  # tools that observe training from outside (verify) install their hooks
 
     # -- what the DataLoader holds, taken rather than asked for again
 

@@ -2,13 +2,19 @@
 ``lightning.pytorch`` callbacks: the same implementation as ``stateful_sampler.lightning``'s,
 under ``pytorch_lightning``'s ``Callback``."""
 
-from pytorch_lightning import Callback
-
+from stateful_sampler.extras import missing_extra
 from stateful_sampler.lightning.callback import SamplerCheckpointHooks
 from stateful_sampler.lightning.loaders import SamplerSetupError
+
+try:
+    from pytorch_lightning import Callback
+except ModuleNotFoundError as error:
+    raise missing_extra(error, "pytorch-lightning", __name__) from error
 
 __all__ = ["SamplerCheckpoint", "SamplerSetupError"]
 
 
-class SamplerCheckpoint(SamplerCheckpointHooks, Callback):
+# The hooks are typed against lightning.pytorch's Trainer and LightningModule; to mypy the classic
+# package's same classes are other types, so the overrides look incompatible. At run time they are one.
+class SamplerCheckpoint(SamplerCheckpointHooks, Callback):  # type: ignore[misc]
     __doc__ = SamplerCheckpointHooks.__doc__

@@ -13,11 +13,11 @@ import yaml
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from stateful_sampler.testing import assert_resume_equal
+from stateful_sampler.verify.cli import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
 from stateful_sampler.verify.compare import compare_runs
 from stateful_sampler.verify.fingerprint import batch_fingerprint, batch_indices
 from stateful_sampler.verify.recorder import BatchRecord, RunRecord, read_run
-from stateful_sampler.verify.cli import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
-from stateful_sampler.testing import assert_resume_equal
 from tests.lightning.lightning_harness import install_resume_guard
 from tests.lightning.verify_harness import digits_config
 
@@ -74,7 +74,7 @@ def test_verify_requires_a_step_based_last_checkpoint(
     config["trainer"]["callbacks"] = config["trainer"]["callbacks"][:1]  # SamplerCheckpoint only
     config_path.write_text(yaml.safe_dump(config))
     assert main(["--config", str(config_path)]) == EXIT_RUN_FAILED
-    reason = capsys.readouterr().out.splitlines()[-1]
+    reason = capsys.readouterr().err.splitlines()[-1]
     assert reason.startswith(
         f"verify could not complete: config '{config_path}': trainer.callbacks: verify needs a step-based "
         "ModelCheckpoint that keeps last.ckpt"
@@ -83,20 +83,20 @@ def test_verify_requires_a_step_based_last_checkpoint(
 
 def test_verify_names_a_missing_config(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["--config", str(tmp_path / "nope.yaml")]) == EXIT_RUN_FAILED
-    assert f"config: no LightningCLI YAML config at '{tmp_path / 'nope.yaml'}'" in capsys.readouterr().out
+    assert f"config: no LightningCLI YAML config at '{tmp_path / 'nope.yaml'}'" in capsys.readouterr().err
 
 
 def test_verify_refuses_a_kill_step_below_one(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = digits_config(tmp_path)
     assert main(["--config", str(config), "--kill-at", "0"]) == EXIT_RUN_FAILED
-    assert "kill_at must be at least 1, got 0" in capsys.readouterr().out
+    assert "kill_at must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_verify_refuses_a_work_dir_that_holds_a_verification(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = digits_config(tmp_path)
     (tmp_path / "work" / "reference").mkdir(parents=True)
     assert main(["--config", str(config), "--work-dir", str(tmp_path / "work")]) == EXIT_RUN_FAILED
-    assert f"work_dir: '{tmp_path / 'work'}' already holds a verification" in capsys.readouterr().out
+    assert f"work_dir: '{tmp_path / 'work'}' already holds a verification" in capsys.readouterr().err
 
 
 # -- could not run: exit 2 and one line that says why (issue 9, items 10 and 11)
@@ -106,7 +106,7 @@ def test_verify_exits_2_with_one_line_on_a_malformed_yaml(tmp_path: Path, capsys
     config = tmp_path / "broken.yaml"
     config.write_text("trainer: [unclosed\n  max_epochs: 1\n")
     assert main(["--config", str(config)]) == EXIT_RUN_FAILED
-    assert capsys.readouterr().out == (
+    assert capsys.readouterr().err == (
         f"verify could not complete: config: '{config}' is not valid YAML: "
         "expected ',' or ']', but got ':' at line 2, column 13\n"
     )
@@ -119,10 +119,9 @@ def test_verify_exits_2_when_kill_at_is_before_the_first_checkpoint(
     # 1 epoch of ceil(1797 / 256) = 8 steps, a checkpoint every 3: a kill after step 2 leaves nothing to resume.
     config = digits_config(tmp_path, max_epochs=1, batch_size=256, every_n_train_steps=3, num_workers=0)
     assert main(["--config", str(config), "--kill-at", "2"]) == EXIT_RUN_FAILED
-    assert capsys.readouterr().out == (
-        "uninterrupted run ...\n"
+    assert capsys.readouterr().err.splitlines()[-1] == (
         "verify could not complete: kill_at must be at least 3 (the first checkpoint's step) and at most 7 "
-        "(the last step of the run), got 2\n"
+        "(the last step of the run), got 2"
     )
 
 
@@ -133,11 +132,10 @@ def test_verify_shows_a_missing_class_in_one_line(
     config = digits_config(tmp_path)
     config.write_text(config.read_text().replace("model.DigitsClassifier", "model.NoSuchClassifier"))
     assert main(["--config", str(config)]) == EXIT_RUN_FAILED
-    assert capsys.readouterr().out == (
-        "uninterrupted run ...\n"
+    assert capsys.readouterr().err.splitlines()[-1] == (
         f"verify could not complete: config '{config}': model: class_path "
         "'stateful_sampler.demo.model.NoSuchClassifier' cannot be used: "
-        "module 'stateful_sampler.demo.model' has no attribute 'NoSuchClassifier'\n"
+        "module 'stateful_sampler.demo.model' has no attribute 'NoSuchClassifier'"
     )
 
 
@@ -157,7 +155,7 @@ def test_verify_refuses_a_timeout_that_is_not_a_finite_number_above_0(
 def test_verify_names_a_work_dir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = digits_config(tmp_path)
     assert main(["--config", str(config), "--work-dir", str(config)]) == EXIT_RUN_FAILED
-    assert capsys.readouterr().out == (
+    assert capsys.readouterr().err == (
         f"verify could not complete: work_dir: '{config}' is a file, not a directory; pass a new or empty directory\n"
     )
 
@@ -226,7 +224,8 @@ def test_compare_reports_batches_no_run_trained_on() -> None:
 def test_compare_reports_a_resume_that_started_over() -> None:
     report = compare_runs(REFERENCE, _run(range(6), [4], None), _run(range(8), [4, 8]), kill_at=6)
     assert report.first_divergence == (
-        "the resumed run started at step 0, not at the last checkpoint (step 4): ckpt_path='last' did not find it"
+        "the resumed run started from the beginning (epoch 0, batch 0), not at the last checkpoint (step 4): "
+        "the run did not resume from it"
     )
 
 

@@ -9,8 +9,9 @@ count of the audit, so this is as strategy-agnostic as the rest.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
-
-from stateful_sampler.checks import check_int
 
 from stateful_sampler.audit.composition import FIRST_BATCHES, Labels, compose
 from stateful_sampler.audit.epochs import EpochRecords, count_epoch
@@ -14,6 +13,7 @@ from stateful_sampler.audit.feed import epoch_feed
 from stateful_sampler.audit.mates import FedBatches, count_mates, plan_sample, sample_note, summarise
 from stateful_sampler.audit.report import AuditReport, AuditSettings, EpochComposition, EpochReport, RecordCounts
 from stateful_sampler.audit.setup import rank_samplers
+from stateful_sampler.checks import check_int
 
 
 def audit(
@@ -27,6 +27,7 @@ def audit(
     labels: Any = None,
     target: Mapping[int, float] | None = None,
     first_batches: int = FIRST_BATCHES,
+    before: Callable[[int], None] | None = None,
 ) -> AuditReport:
     """Audit ``epochs`` epochs from ``start_epoch`` of a ``StatefulSampler`` (its world size, its
     loaded state) or of an ``AuditConfig``, fed through per-rank loaders of ``batch_size``.
@@ -39,8 +40,11 @@ def audit(
     ``labels`` (one class, group or band id per record) adds each epoch's batch composition against
     ``target`` (a share per class; default: the labels' own distribution), the pooled composition of
     the first ``first_batches`` steps, and a chi-square test of the epoch's class counts.
+
+    ``before``, when given, is called with the number of occurrences to be fed once the arguments
+    are checked and before the work starts (the command line prints its estimate from it).
     """
-    settings, samplers = rank_samplers(
+    settings, samplers, occurrences = rank_samplers(
         sampler_or_config,
         batch_size=batch_size,
         drop_last=drop_last,
@@ -50,6 +54,8 @@ def audit(
     )
     classes = None if labels is None else Labels.build(labels, settings.size, target)
     first_batches = check_int("first_batches", first_batches, minimum=1)
+    if before is not None:
+        before(occurrences)
     compositions: list[tuple[EpochComposition, np.ndarray]] = []
     reports: list[EpochReport] = []
     rows: list[EpochRecords] = []

@@ -51,8 +51,10 @@ def sample_note(size: int, pairs: int, measured: int) -> tuple[str, ...]:
     if measured == size:
         return ()
     return (
-        f"batch-mate diversity measured exactly on a uniform sample of {measured} of {size} records: "
-        f"all records would take {pairs} (record, batch mate) pairs, more than the limit of {PAIR_LIMIT}",
+        (
+            f"batch-mate diversity measured exactly on a uniform sample of {measured} of {size} records: "
+            f"all records would take {pairs} (record, batch mate) pairs, more than the limit of {PAIR_LIMIT}"
+        ),
     )
 
 

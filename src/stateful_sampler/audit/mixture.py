@@ -54,7 +54,8 @@ def audit_mixture(mixture: Mixture, epochs: int, points: int = 400) -> MixtureAu
     epoch_counts = np.zeros((epochs, sources), dtype=np.int64)
     cumulative = np.zeros((epochs, sources), dtype=np.int64)
     sample_at = np.unique(np.geomspace(1, epochs * length, points).astype(np.int64))  # prefixes, log-spaced
-    curve_positions, curve_counts = [], []
+    curve_positions: list[int] = []
+    curve_counts: list[np.ndarray] = []  # one row of per-source counts per sampled prefix
     worst = 0.0
     for epoch in range(epochs):
         segment_start = mixture.segment_start(epoch)

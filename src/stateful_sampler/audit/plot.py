@@ -6,8 +6,9 @@ only when a picture is asked for; it draws off-screen (Agg).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -48,7 +49,8 @@ def plot(report: AuditReport, path: str | Path) -> None:
 
 
 def _occurrence_map(axes: Axes, report: AuditReport) -> None:
-    import matplotlib.colors as colors
+    from matplotlib import colors
+    from matplotlib.ticker import MaxNLocator
 
     counts = report.counts
     size = report.settings.size
@@ -80,7 +82,9 @@ def _occurrence_map(axes: Axes, report: AuditReport) -> None:
     axes.set_ylabel("epoch")
     if len(occurrences) <= 25:
         axes.set_yticks(range(first, first + len(occurrences)))
-    axes.xaxis.get_major_locator().set_params(integer=True)
+    locator = axes.xaxis.get_major_locator()
+    if isinstance(locator, MaxNLocator):  # the default AutoLocator is one
+        locator.set_params(integer=True)
     axes.set_title("Occurrences per record and epoch (grey: not fed)")
     axes.legend(loc="upper right", bbox_to_anchor=(1.0, 1.16), ncol=2, frameon=False)
 

@@ -6,17 +6,18 @@ it answers from the code that produces the order, never from a re-implementation
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from stateful_sampler.audit.report import AuditSettings
 from stateful_sampler.checks import check_bool, check_int
 from stateful_sampler.order.strategy import Strategy
 from stateful_sampler.sampler import StatefulSampler
 
-from stateful_sampler.audit.report import AuditSettings
-
-# Every fed occurrence is held once as an int (plus per-record counts per epoch): 10**8 of them is
-# about a gigabyte. Past that the audit refuses instead of sampling, so no count is ever estimated.
+# Every fed occurrence is held as an int, with per-record counts per epoch and the batch-mate
+# tallies: 10**8 of them take about 5.4 GiB and 96 s (cost.py). Past that the audit refuses instead
+# of sampling, so no count is ever estimated.
 MAX_OCCURRENCES = 10**8
 # Each rank of each epoch is one sampler call with fixed costs (about 0.2 ms on 2 busy cores,
 # whatever N is): 2**16 of them take about 15 s, so more ranks or epochs are refused, not waited on.
@@ -40,8 +41,8 @@ class AuditConfig:
 
 def rank_samplers(
     sampler_or_config: Any, *, batch_size: int | None, drop_last: bool, num_workers: int, start_epoch: int, epochs: int
-) -> tuple[AuditSettings, list[StatefulSampler]]:
-    """Check the arguments and build the sampler of every rank."""
+) -> tuple[AuditSettings, list[StatefulSampler], int]:
+    """Check the arguments and build the sampler of every rank; also the occurrences to be fed."""
     if isinstance(sampler_or_config, Mapping):
         sampler_or_config = AuditConfig(**sampler_or_config)
     if isinstance(sampler_or_config, StatefulSampler):
@@ -94,7 +95,7 @@ def rank_samplers(
             f"{MAX_OCCURRENCES} the audit holds to count exactly: audit fewer epochs per call (start_epoch picks them)"
         )
     samplers = [on_rank(template, world_size, rank) for rank in range(world_size)]
-    return settings, samplers
+    return settings, samplers, occurrences
 
 
 def _check_work(settings: AuditSettings) -> None:

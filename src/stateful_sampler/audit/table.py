@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from stateful_sampler.audit.report import AuditReport, EpochReport
 
@@ -13,11 +13,14 @@ _RANKS_LISTED = 8  # ranks listed one by one before only the range is shown
 def render(report: AuditReport) -> str:
     s = report.settings
     lines = [
-        f"Coverage audit: {s.size} records on {s.world_size} rank(s), strategy={s.strategy}, tail={s.tail}, "
-        f"order={s.order}, "
-        f"seed={s.seed}, {'shuffled' if s.shuffle else 'not shuffled'}",
-        f"Loader: batch_size={s.batch_size} per rank, drop_last={s.drop_last}, num_workers={s.num_workers} "
-        f"(workers change no count); epochs {s.start_epoch}..{s.start_epoch + s.epochs - 1}",
+        (
+            f"Coverage audit: {s.size} records on {s.world_size} rank(s), strategy={s.strategy}, tail={s.tail}, "
+            f"order={s.order}, seed={s.seed}, {'shuffled' if s.shuffle else 'not shuffled'}"
+        ),
+        (
+            f"Loader: batch_size={s.batch_size} per rank, drop_last={s.drop_last}, num_workers={s.num_workers} "
+            f"(workers change no count); epochs {s.start_epoch}..{s.start_epoch + s.epochs - 1}"
+        ),
         "",
     ]
     header = ("epoch", "fed", "distinct", "padding", "repeated", "cut:tail", "cut:batch", "unseen", "steps", "last batch")
@@ -112,8 +115,10 @@ def _mates(report: AuditReport) -> list[str]:
     lowest = ", ".join(f"{record} ({count})" for record, count in mates.lowest[:5])
     return [
         f"  batch mates (distinct records that shared a batch with a record, at most {most}; {scope}):",
-        f"    min {mates.minimum}, mean {mates.mean:.1f}, max {mates.maximum}; "
-        f"{mates.reaching_all} of {mates.records_measured} met all {most}; least mixed: {lowest}",
+        (
+            f"    min {mates.minimum}, mean {mates.mean:.1f}, max {mates.maximum}; "
+            f"{mates.reaching_all} of {mates.records_measured} met all {most}; least mixed: {lowest}"
+        ),
     ]
 
 

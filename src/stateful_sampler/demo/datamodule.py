@@ -9,11 +9,16 @@ fingerprint of the batch shows it when it does not (``SeededDataset`` seeds it p
 from __future__ import annotations
 
 import torch
-from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from stateful_sampler.extras import missing_extra
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.seeding import SeededDataset
+
+try:
+    from lightning.pytorch import LightningDataModule
+except ModuleNotFoundError as error:
+    raise missing_extra(error, "demo", __name__) from error
 
 PIXELS = 64
 
@@ -22,7 +27,10 @@ class NoisyDigits(Dataset):
     """Digit images as 64 floats in [0, 1], plus ``noise * torch.rand(64)``, and their labels."""
 
     def __init__(self, noise: float = 0.1) -> None:
-        from sklearn.datasets import load_digits
+        try:
+            from sklearn.datasets import load_digits
+        except ModuleNotFoundError as error:
+            raise missing_extra(error, "demo", "the demo's digits") from error
 
         images, labels = load_digits(return_X_y=True)
         self.images = torch.tensor(images / 16.0, dtype=torch.float32)

@@ -5,8 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
 from torch import nn
+
+from stateful_sampler.extras import missing_extra
+
+try:
+    from lightning.pytorch import LightningModule
+except ModuleNotFoundError as error:
+    raise missing_extra(error, "demo", __name__) from error
 
 from stateful_sampler.demo.datamodule import PIXELS
 

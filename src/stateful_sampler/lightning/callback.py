@@ -19,7 +19,7 @@ where the fit stopped is kept until the next fit starts.
 from __future__ import annotations
 
 import copy
-import os
+
 import torch.distributed as dist
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
@@ -46,9 +46,9 @@ from stateful_sampler.lightning.restart import (
     mark_epoch_unfinished,
     start_next_epoch,
 )
+from stateful_sampler.plugins import trainer_observer
 from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
 from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
-from stateful_sampler.verify.recorder import RECORD_ENV
 
 if TYPE_CHECKING:  # either package's; see framework.py
     from lightning.pytorch import LightningModule, Trainer
@@ -170,10 +170,8 @@ class SamplerCheckpointHooks:
             self._forget_the_run()
             self._trainer = trainer
             self._remove_hook = add_pass_start_hook(self._on_pass_start)
-        if self._recording is None and os.environ.get(RECORD_ENV):
-            from stateful_sampler.verify.trainer_recording import TrainerRecording
-
-            self._recording = TrainerRecording.claim()
+        if self._recording is None:
+            self._recording = trainer_observer()  # a plugin's (verify's) observer of this fit
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._stop()

@@ -10,7 +10,8 @@ O(bands), and a resume never touches the N records.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from stateful_sampler.order.mixing import Domain, derive_seed
 from stateful_sampler.order.permutation import FeistelPermutation
 from stateful_sampler.order.strategy import PassOrder, Strategy, id_array
 
-Schedule = Union[Sequence[int], Callable[[int], int]]
+Schedule = Sequence[int] | Callable[[int], int]
 
 _TAG = 0x43555252  # "CURR": this module's seeds
 FINGERPRINTED_EPOCHS = 64  # a callable schedule is fingerprinted by its values on epochs 0..63

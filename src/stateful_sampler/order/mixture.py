@@ -16,7 +16,8 @@ draws before each segment are counted once at construction (O(Q) per segment), s
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

@@ -38,7 +38,7 @@ def rounds_for(size: int) -> int:
 class FeistelPermutation:
     """The permutation of one pass: ``perm(positions)`` gives the records at those positions."""
 
-    __slots__ = ("size", "_m", "_n", "_round_keys")
+    __slots__ = ("_m", "_n", "_round_keys", "size")
 
     def __init__(self, size: int, seed: int, pass_index: int) -> None:
         if not 0 <= size < MAX_SIZE:

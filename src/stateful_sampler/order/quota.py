@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 from fractions import Fraction
-from math import gcd
 
 import numpy as np
 
@@ -52,7 +51,7 @@ class QuotaPeriod:
     """One period of the interleave for integer weights ``counts``: which source each position takes,
     and which of that source's draws in the period it is."""
 
-    __slots__ = ("counts", "period", "sources", "draws")
+    __slots__ = ("counts", "draws", "period", "sources")
 
     def __init__(self, counts: np.ndarray) -> None:
         self.counts = np.asarray(counts, dtype=np.int64)

@@ -23,7 +23,7 @@ ROUNDS = 12  # the small-domain count of ``permutation.rounds_for``: groups are 
 class RaggedPermutation:
     """Per-domain bijections for given domain sizes (all positive); the moduli are set up once, O(domains)."""
 
-    __slots__ = ("sizes", "_m", "_n")
+    __slots__ = ("_m", "_n", "sizes")
 
     def __init__(self, sizes: np.ndarray) -> None:
         sizes = np.asarray(sizes, dtype=np.int64)

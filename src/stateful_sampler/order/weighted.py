@@ -48,6 +48,8 @@ class Weighted(Strategy):
                 f"got {self.num_samples}"
             )
         self._positive = positive
+        self._prob: np.ndarray | None
+        self._alias: np.ndarray | None
         self._prob, self._alias = alias_table(self.weights) if self.replacement else (None, None)
 
     def __repr__(self) -> str:
@@ -75,7 +77,7 @@ class Weighted(Strategy):
 class _AliasDraws:
     """One pass's draws with replacement: O(1) per position, no set-up."""
 
-    __slots__ = ("_prob", "_alias", "_key", "_size")
+    __slots__ = ("_alias", "_key", "_prob", "_size")
 
     def __init__(self, prob: np.ndarray, alias: np.ndarray, key: int) -> None:
         self._prob, self._alias, self._key, self._size = prob, alias, key, np.uint64(len(prob))

@@ -80,16 +80,16 @@ def seeded_globals(names: frozenset[str], seeds: GlobalSeeds) -> Iterator[Callab
     if numpy and _depth == len(_spares):
         _spares.append(LegacyMT())
     spare = _spares[_depth] if numpy else None
-    outside = np.random.get_bit_generator() if numpy else None
+    outside = np.random.get_bit_generator() if numpy else None  # type: ignore[attr-defined]  # not in the stubs
     gaussian = _cached_gaussian() if numpy else None
 
     def seed(i: int) -> None:
         if python:
             c_seed(_python, seeds.python[i])
-            _python.gauss_next = None
+            _python.gauss_next = None  # type: ignore[attr-defined]  # Random's C attribute, not in typeshed
         if spare is not None:
             spare.seed(seeds.numpy[i])
-            np.random.set_bit_generator(spare.bit_generator)  # also clears the cached Gaussian, as seed() does
+            np.random.set_bit_generator(spare.bit_generator)  # type: ignore[attr-defined]  # clears the cached Gaussian
         if torch_state is not None:
             torch.set_rng_state(torch.from_numpy(seeds.torch[i]))  # type: ignore[index]
 
@@ -101,7 +101,7 @@ def seeded_globals(names: frozenset[str], seeds: GlobalSeeds) -> Iterator[Callab
         if python_state is not None:
             random.setstate(python_state)
         if outside is not None:
-            np.random.set_bit_generator(outside)
+            np.random.set_bit_generator(outside)  # type: ignore[attr-defined]
             _restore_cached_gaussian(*gaussian)  # type: ignore[misc]
         if torch_state is not None:
             torch.set_rng_state(torch_state)
@@ -125,7 +125,7 @@ _GAUSSIAN_ONLY = _GaussianOnly()
 
 def _cached_gaussian() -> tuple[int, float]:
     """NumPy's legacy RandomState draws normals in pairs and keeps the second for the next call."""
-    real, _legacy._bit_generator = _legacy._bit_generator, _GAUSSIAN_ONLY
+    real, _legacy._bit_generator = _legacy._bit_generator, _GAUSSIAN_ONLY  # type: ignore[assignment]
     try:
         state = _legacy.get_state(legacy=False)
     finally:
@@ -136,7 +136,7 @@ def _cached_gaussian() -> tuple[int, float]:
 def _restore_cached_gaussian(has_gauss: int, gauss: float) -> None:
     if not has_gauss:  # set_bit_generator left none
         return
-    real, _legacy._bit_generator = _legacy._bit_generator, _GAUSSIAN_ONLY
+    real, _legacy._bit_generator = _legacy._bit_generator, _GAUSSIAN_ONLY  # type: ignore[assignment]
     try:
         _legacy.set_state({"bit_generator": "MT19937", "state": None, "has_gauss": has_gauss, "gauss": gauss})
     finally:

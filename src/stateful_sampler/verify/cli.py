@@ -2,25 +2,31 @@
 
 Proves, on the user's own LightningCLI config or training command, that a run killed with SIGKILL
 mid-epoch and resumed trains on exactly the batches of the run never interrupted, and ends with
-bitwise-equal weights; or shows where the two first diverge. Exit code 0 only when equal.
+bitwise-equal weights; or shows where the two first diverge, and why when only the weights do.
 
 A config: every run uses its int ``seed_everything`` (0 when it is random or off), ``deterministic``,
 no logger and no progress bar, writes its checkpoints into the work directory and resumes with
 ``ckpt_path="last"``; it needs a ``ModelCheckpoint(every_n_train_steps=N, save_last=True)``. A command
 (after ``--``) is run again to resume: it checkpoints into {run_dir}, feeds training through a
 ``ResumableLoader`` and calls ``stateful_sampler.verify.record_weights(model)`` at the end.
-Exit code 2 (with a one-line reason) means verify could not run; SIGTERM stops every run it started.
+
+Exit codes: 0 equal, 1 diverged, 2 could not run (the reason on stderr; a failed run's work
+directory is kept for its logs). Progress goes to stderr, the report to stdout (``--json``: one
+JSON object). SIGTERM stops every run it started.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
+import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Iterator
+from typing import Any
 
 from stateful_sampler.verify.compare import ResumeReport
 from stateful_sampler.verify.errors import TrainingRunError
@@ -28,18 +34,45 @@ from stateful_sampler.verify.resume_check import DEFAULT_TIMEOUT, check_resume, 
 
 EXIT_EQUAL, EXIT_DIVERGED, EXIT_RUN_FAILED = 0, 1, 2
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# What a run needs that an extra installs: the module's top-level name -> the extra.
+DESCRIPTION = (
+    "Prove that your training, killed with SIGKILL mid-epoch and resumed, trains on exactly the batches of "
+    "the run never interrupted and ends with bitwise-equal weights; or see where the two first diverge, "
+    "and why when only the weights do."
+)
+EPILOG = """\
+examples:
+  stateful-sampler verify --config my_config.yaml
+  stateful-sampler verify --kill-at 25 -- python train.py --root {run_dir}
+  stateful-sampler verify --devices 2 -- torchrun --nproc-per-node {devices} train.py --root {run_dir}
+
+--config: a LightningCLI config with ModelCheckpoint(every_n_train_steps=N, save_last=True);
+  resumed with ckpt_path="last", with your int seed_everything (else 0).
+-- COMMAND: run again to resume. It checkpoints into {run_dir} (a directory of each run's
+  own) and resumes from there, feeds its batches through a ResumableLoader (or Lightning with
+  SamplerCheckpoint) and calls stateful_sampler.verify.record_weights(model) after training.
+
+exit codes: 0 equal, 1 diverged, 2 could not run (the reason on stderr; a failed run's work
+directory is kept for its logs). Progress goes to stderr, the report to stdout."""
+_EXTRAS = {
+    "lightning": "lightning",
+    "jsonargparse": "lightning",
+    "yaml": "lightning",
+    "pytorch_lightning": "pytorch-lightning",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[argv.index("--") + 1 :] if "--" in argv else None
     options = argv[: argv.index("--")] if "--" in argv else argv
-    description, *details = __doc__.split("\n\n")[1:4]
     parser = argparse.ArgumentParser(
         prog="stateful-sampler verify",
-        usage="%(prog)s (--config CONFIG | -- COMMAND ...) [--kill-at STEP] [--devices N] [--timeout S] [--work-dir D]",
-        description=description,
-        epilog="\n\n".join(details),
+        usage="%(prog)s (--config CONFIG | -- COMMAND ...) [--kill-at STEP] [--devices N] [--timeout S] "
+        "[--work-dir D] [--json]",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", help="a LightningCLI YAML config for fit")
     parser.add_argument(
@@ -49,9 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         "--devices", type=int, metavar="N", help="override trainer.devices (e.g. 2 for CPU DDP), or fill {devices}"
     )
     parser.add_argument(
-        "--timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS", help="allowed per run (above 0)"
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="seconds allowed for each of the three runs (default: %(default)g)",
     )
     parser.add_argument("--work-dir", help="keep the runs' records, checkpoints and logs here (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
     args = parser.parse_args(options)
     if (args.config is None) == (command is None):
         parser.error("give either --config CONFIG or -- COMMAND ..., not both or neither")
@@ -65,13 +103,31 @@ def main(argv: list[str] | None = None) -> int:
                 devices=args.devices,
                 timeout=args.timeout,
                 work_dir=args.work_dir,
-                progress=lambda message: print(message, flush=True),
+                progress=lambda message: print(message, file=sys.stderr, flush=True),
             )
-    except (TrainingRunError, FileNotFoundError, ValueError) as error:
-        print(f"verify could not complete: {error}")
-        return EXIT_RUN_FAILED
-    print(format_report(report))
+    except (TrainingRunError, FileNotFoundError, ValueError, TypeError) as error:
+        return _could_not_run(str(error), args.json)
+    except ImportError as error:
+        return _could_not_run(_missing(error), args.json)
+    except Exception as error:  # noqa: BLE001  # a bug of verify's own: still "could not run", never "diverged"
+        traceback.print_exc(file=sys.stderr)
+        return _could_not_run(f"unexpected {type(error).__name__}: {error}", args.json)
+    print(json.dumps(report_json(report)) if args.json else format_report(report), flush=True)
     return EXIT_EQUAL if report.equal else EXIT_DIVERGED
+
+
+def _could_not_run(reason: str, as_json: bool) -> int:
+    print(f"verify could not complete: {reason}", file=sys.stderr, flush=True)
+    if as_json:
+        print(json.dumps({"verdict": "could not run", "exit_code": EXIT_RUN_FAILED, "error": reason}), flush=True)
+    return EXIT_RUN_FAILED
+
+
+def _missing(error: ImportError) -> str:
+    top = (error.name or "").split(".")[0]
+    extra = _EXTRAS.get(top)
+    install = f"pip install 'stateful-sampler[{extra}]'" if extra else f"install the package that provides {top!r}"
+    return f"a module verify needs is not installed ({error}): {install}"
 
 
 def _seconds(text: str) -> float:
@@ -109,8 +165,10 @@ def format_report(report: ResumeReport) -> str:
     steps = report.batches_compared // max(report.ranks, 1)
     lines = [
         f"killed after step {report.kill_at}; resumed from the checkpoint at step {report.resumed_from}",
-        f"batches compared: {report.batches_compared} ({steps} steps x {report.ranks} rank(s)), "
-        f"identical: {report.identical_batches}",
+        (
+            f"batches compared: {report.batches_compared} ({steps} steps x {report.ranks} rank(s)), "
+            f"identical: {report.identical_batches}"
+        ),
         f"final weights: uninterrupted {report.reference_weights}, resumed {report.resumed_weights}",
     ]
     if report.equal:
@@ -119,6 +177,27 @@ def format_report(report: ResumeReport) -> str:
         return "\n".join(lines)
     if report.first_divergence is not None:
         lines.append(f"DIVERGED: first divergence at {report.first_divergence}")
-    if report.weight_divergence is not None:
+    if report.weight_divergence is not None and report.weights_cause is not None:
+        lines.append(f"DIVERGED: {report.weights_cause}")
+        lines.append(f"  ({report.weight_divergence})")
+    elif report.weight_divergence is not None:
         lines.append(f"DIVERGED: {report.weight_divergence}")
     return "\n".join(lines)
+
+
+def report_json(report: ResumeReport) -> dict[str, Any]:
+    """The report's verdict and evidence as plain values, for ``--json``."""
+    return {
+        "verdict": "equal" if report.equal else "diverged",
+        "exit_code": EXIT_EQUAL if report.equal else EXIT_DIVERGED,
+        "kill_at": report.kill_at,
+        "resumed_from": report.resumed_from,
+        "batches_compared": report.batches_compared,
+        "identical_batches": report.identical_batches,
+        "ranks": report.ranks,
+        "first_divergence": report.first_divergence,
+        "weight_divergence": report.weight_divergence,
+        "weights_cause": report.weights_cause,
+        "reference_weights": report.reference_weights,
+        "resumed_weights": report.resumed_weights,
+    }

@@ -14,7 +14,7 @@ import shlex
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from stateful_sampler.verify.recorder import RunRecord
 
@@ -28,6 +28,27 @@ class CommandLaunch:
     devices: int | None
     timeout: float
     needs_checkpoint_records: bool = False  # the command checkpoints on its own; verify does not see it
+    # What breaks verify's contract for a command, and the fix, in a plain script's terms.
+    no_batches: ClassVar[str] = (
+        "verify records the batches a ResumableLoader hands to the training loop (or Lightning's, with "
+        "SamplerCheckpoint in the Trainer's callbacks) and the command's batches passed through neither: "
+        "iterate loader = ResumableLoader(DataLoader(ds, sampler=StatefulSampler(ds, batch_size=B), "
+        "batch_size=B)), in a process that inherits verify's environment"
+    )
+    no_weights: ClassVar[str] = (
+        "call stateful_sampler.verify.record_weights(model) once after training (on every rank or on "
+        "rank 0; Lightning with SamplerCheckpoint records them by itself)"
+    )
+    not_resumed: ClassVar[str] = (
+        "the loader's state was not restored. Run again, the command must load its last checkpoint from "
+        "{run_dir} and pass the saved loader state to loader.load_state_dict(...) on its ResumableLoader "
+        "(not the sampler's drawn position), with the model's and optimizer's"
+    )
+    shared_checkpoints: ClassVar[str] = (
+        "it resumed from a checkpoint another run left. Each run must keep its checkpoints in the "
+        "directory verify gives it: write {run_dir} in the command where it takes its checkpoint "
+        "directory (verify also sets STATEFUL_SAMPLER_RUN_DIR), not a fixed path"
+    )
 
     @classmethod
     def checked(cls, command: Any, devices: int | None, timeout: float) -> CommandLaunch:

@@ -23,6 +23,7 @@ class ResumeReport:
     reference_weights: str | None  # fingerprint of the final weights
     resumed_weights: str | None
     weight_divergence: str | None
+    weights_cause: str | None  # why the weights differ when every batch was identical
     reference: RunRecord
     killed: RunRecord
     resumed: RunRecord
@@ -32,10 +33,23 @@ class ResumeReport:
         return self.first_divergence is None and self.weight_divergence is None
 
 
-def compare_runs(reference: RunRecord, killed: RunRecord, resumed: RunRecord, kill_at: int) -> ResumeReport:
+# What a resumed run that started elsewhere than the last checkpoint did wrong, for any runner.
+NOT_RESUMED = "the run did not resume from it"
+RNG_FIX = (
+    "restore the RNG states with the data: ResumableLoader and SamplerCheckpoint restore them by default "
+    "(stateful_sampler.seeding.snapshot.restore_rng_states); a checkpoint of your own saves "
+    "capture_rng_states() and calls restore_rng_states(saved) after loading it"
+)
+
+
+def compare_runs(
+    reference: RunRecord, killed: RunRecord, resumed: RunRecord, kill_at: int, *, not_resumed: str = NOT_RESUMED
+) -> ResumeReport:
     """Every batch the killed run trained on before its death and every batch of the resumed run must
     equal the reference's batch at the same (epoch, batch, rank); together they must cover it; the
-    resumed run must start at the last checkpoint; the final weights must be bitwise equal."""
+    resumed run must start at the last checkpoint (``not_resumed`` says what went wrong when it did
+    not); the final weights must be bitwise equal. When only the weights differ, the RNG states
+    recorded with each batch say whether the model's randomness was restored."""
     expected = {record.key: record for record in reference.batches}
     differences: list[tuple[tuple[int, int, int], str]] = []
     matching = set(expected)
@@ -52,12 +66,17 @@ def compare_runs(reference: RunRecord, killed: RunRecord, resumed: RunRecord, ki
                 differences.append((record.key, _mismatch(run_name, want, record)))
     for key in sorted(set(expected) - seen):
         matching.discard(key)
-        differences.append((key, f"{_where(expected[key])}: neither the killed nor the resumed run trained on this batch"))
+        differences.append(
+            (key, f"{_where(expected[key])}: neither the killed nor the resumed run trained on this batch")
+        )
     resumed_from = max(killed.checkpoint_steps, default=None)
-    start_problem = _start_problem(resumed, resumed_from, kill_at)
+    start_problem = _start_problem(resumed, resumed_from, kill_at, not_resumed)
     if start_problem is not None:
         differences.append(((-1, -1, -1), start_problem))
     weight_divergence = _weight_divergence(reference, resumed)
+    weights_cause = None
+    if weight_divergence is not None and not differences and resumed.weights is not None:
+        weights_cause = _weights_cause(expected, killed, resumed)
     return ResumeReport(
         kill_at=kill_at,
         resumed_from=resumed_from,
@@ -68,6 +87,7 @@ def compare_runs(reference: RunRecord, killed: RunRecord, resumed: RunRecord, ki
         reference_weights=_fingerprint(reference),
         resumed_weights=_fingerprint(resumed),
         weight_divergence=weight_divergence,
+        weights_cause=weights_cause,
         reference=reference,
         killed=killed,
         resumed=resumed,
@@ -91,18 +111,57 @@ def _mismatch(run_name: str, want: BatchRecord, got: BatchRecord) -> str:
     return "\n".join(lines)
 
 
-def _start_problem(resumed: RunRecord, resumed_from: int | None, kill_at: int) -> str | None:
+def _start_problem(resumed: RunRecord, resumed_from: int | None, kill_at: int, not_resumed: str) -> str | None:
     if resumed_from is None:
         return f"the killed run wrote no checkpoint before step {kill_at}: kill later or checkpoint more often"
     if not resumed.batches:
         return "the resumed run trained on no batch"
-    first_step = resumed.batches[0].step
-    if first_step != resumed_from:
+    first = resumed.batches[0]
+    if first.step != resumed_from:
+        where = "from the beginning" if first.step == 0 else f"at step {first.step}"
         return (
-            f"the resumed run started at step {first_step}, not at the last checkpoint (step {resumed_from}): "
-            f"ckpt_path='last' did not find it"
+            f"the resumed run started {where} (epoch {first.epoch}, batch {first.batch_idx}), not at the last "
+            f"checkpoint (step {resumed_from}): {not_resumed}"
         )
     return None
+
+
+_RNG_NAMES = {"torch": "torch", "cuda": "CUDA", "numpy": "NumPy", "random": "random"}
+
+
+def _weights_cause(expected: dict[tuple[int, int, int], BatchRecord], killed: RunRecord, resumed: RunRecord) -> str:
+    """Every batch was identical and the weights are not: the RNG states recorded with the batches
+    say whether the runs start alike and whether the resume restored the model's randomness. An RNG
+    that already differs between the two fresh runs (NumPy's, Python's, when the script never seeds
+    them) cannot be checked, and is left out unless it is torch's."""
+    if not killed.batches or any(record.rng is None for run in (killed, resumed) for record in run.batches):
+        return (
+            "the data resumed exactly; the final weights did not: the model's randomness (dropout, ...) was not "
+            f"restored, or the model's or optimizer's state was not. Fix: {RNG_FIX}"
+        )
+    first = killed.batches[0]
+    reference_rng, killed_rng = expected[first.key].rng or {}, first.rng or {}
+    seeded = [name for name in _RNG_NAMES if name in reference_rng and reference_rng[name] == killed_rng.get(name)]
+    if "torch" not in seeded:
+        return (
+            f"the data resumed exactly, but the runs do not start alike: at {_where(first)} the killed run's torch "
+            f"RNG state is not the uninterrupted run's, before any resume: seed the training (torch.manual_seed, "
+            f"Lightning's seed_everything) before the model is built"
+        )
+    for record in resumed.batches:
+        want = expected[record.key].rng or {}
+        differ = [_RNG_NAMES[name] for name in seeded if want[name] != (record.rng or {}).get(name)]
+        if differ:
+            return (
+                f"the data resumed exactly; the model's randomness (dropout, ...) was not restored: from "
+                f"{_where(record)} the resumed run's RNG state ({', '.join(differ)}) is not the uninterrupted "
+                f"run's. Fix: {RNG_FIX}"
+            )
+    return (
+        "the data and the RNG states resumed exactly, the weights did not: the model's or optimizer's state "
+        "(momentum, an LR scheduler, a gradient scaler) was not restored from the checkpoint, or a kernel is "
+        "not deterministic"
+    )
 
 
 def _weight_divergence(reference: RunRecord, resumed: RunRecord) -> str | None:

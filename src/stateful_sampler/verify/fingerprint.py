@@ -7,9 +7,11 @@ hash differently; so comparing fingerprints checks both without the dataset retu
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from stateful_sampler.keys import SampleKey
@@ -56,3 +58,22 @@ def batch_indices(batch: Any) -> list[int] | None:
         if found is not None:
             return found
     return None
+
+
+def rng_fingerprints() -> dict[str, str]:
+    """A hex digest of each of the process's RNG states, by name: ``torch`` (CPU), ``cuda`` (once
+    initialised), ``numpy`` (the legacy global RNG) and ``random``; what a model's dropout draws from next.
+    Kept apart, so an RNG a script never seeds (NumPy's, Python's) does not hide the one it does."""
+    digests = {"torch": _digest(torch.get_rng_state().numpy().tobytes())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        digests["cuda"] = _digest(b"".join(state.numpy().tobytes() for state in torch.cuda.get_rng_state_all()))
+    kind, key, position, has_gauss, gauss = np.random.get_state(legacy=True)
+    digests["numpy"] = _digest(
+        f"{kind} {position} {has_gauss} {gauss!r};".encode() + np.ascontiguousarray(key).tobytes()
+    )
+    digests["random"] = _digest(repr(random.getstate()).encode())
+    return digests
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=8).hexdigest()

@@ -1,7 +1,8 @@
 """Recording a script that ``stateful-sampler verify -- COMMAND`` runs, without editing it.
 
-verify sets ``STATEFUL_SAMPLER_RECORD``; the first ``ResumableLoader`` the script builds then calls
-``record_from_environment``, which records every batch any ``ResumableLoader`` hands to the loop.
+verify sets ``STATEFUL_SAMPLER_RECORD`` and names its plug-in (``verify.plugin``) in the run's
+environment; the plug-in installs a ``LazyLoaderRecording`` on the core's hooks, which records every
+batch any ``ResumableLoader`` hands to the loop once it has claimed the process's recorder.
 A batch's place is the sampler's: its epoch and the batches of that epoch before it (taken when the
 pass starts, so a resumed pass counts from the restored position), not a count the script keeps.
 Each time a ``ResumableLoader`` gives its state, a checkpoint is recorded at the batches consumed so
@@ -17,25 +18,38 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
+from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.verify.recorder import RECORD_ENV, Recorder, claim_recorder
 
+_UNCLAIMED = object()
 
 
-class _LoaderRecording:
-    """One process's recording: where each sampler's pass started, and the batches consumed so far."""
+class LazyLoaderRecording:
+    """One process's recording of its ``ResumableLoader`` batches: where each sampler's pass started,
+    and the batches consumed so far. The recorder is claimed at the first pass, so a
+    ``SamplerCheckpoint`` set up before it (Lightning) records the fit instead, with Lightning's steps."""
 
-    def __init__(self, recorder: Recorder) -> None:
-        self.recorder = recorder
+    def __init__(self) -> None:
+        self._recorder: Any = _UNCLAIMED
         self.steps = 0  # batches this process consumed: the step count of a fresh run
         self.pass_starts: dict[int, tuple[int, int]] = {}  # id(sampler) -> (epoch, batches before the pass)
 
+    @property
+    def recorder(self) -> Recorder | None:
+        if self._recorder is _UNCLAIMED:
+            self._recorder = claim_recorder()
+        return self._recorder
+
     def pass_started(self, sampler: StatefulSampler) -> None:
+        if self.recorder is None:
+            return
         before = len(sampler) - sampler.remaining_length()  # read before the pass moves the cursor
         self.pass_starts[id(sampler)] = (sampler.epoch, before // (sampler.batch_size or 1))
 
     def batch(self, loader: Any, batch: Any, consumed: int) -> None:
         sampler = loader.sampler
+        if self.recorder is None or id(sampler) not in self.pass_starts:
+            return
         epoch, before = self.pass_starts[id(sampler)]
         self.recorder.batch(
             batch,
@@ -49,20 +63,8 @@ class _LoaderRecording:
 
     def state_taken(self, loader: Any, consumed: int) -> None:
         """A checkpoint is being taken, after the batches this process consumed so far."""
-        self.recorder.checkpoint(rank=loader.sampler.rank, step=self.steps)
-
-
-def record_from_environment() -> None:
-    """Record this process's ``ResumableLoader`` batches when verify asked for it; idempotent."""
-    recorder = claim_recorder()
-    if recorder is None:
-        return
-    from stateful_sampler.loader import add_batch_hook, add_state_hook  # the loader calls this: no import cycle
-
-    recording = _LoaderRecording(recorder)
-    add_pass_start_hook(recording.pass_started)
-    add_batch_hook(recording.batch)
-    add_state_hook(recording.state_taken)
+        if self.recorder is not None:
+            self.recorder.checkpoint(rank=loader.sampler.rank, step=self.steps)
 
 
 def record_weights(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:

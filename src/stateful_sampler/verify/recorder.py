@@ -1,14 +1,16 @@
 """What a recorded training run leaves behind, and the writer that records it, for any framework.
 
-Per rank, one JSON line per batch that reached the training loop (its fingerprint, and indices
-when the batch carries them) and one per checkpoint saved; on rank 0, the final weights; and,
+Per rank, one JSON line per batch that reached the training loop (its fingerprint, indices when
+the batch carries them, and a fingerprint of the process's RNG states at that moment, which tells a
+model whose dropout was not restored from a data divergence) and one per checkpoint saved; on rank 0, the final weights; and,
 when LightningCLI refuses the config, the reason in one line. A run told to pause at a step
 tells its parent through a FIFO and waits there to be killed, so the kill lands at an exact,
 reproducible point after the checkpoints before it were written.
 
 verify switches recording on from outside, through ``RECORD_ENV``: the user's code is not edited.
-The LightningCLI runner injects a callback; any other script is recorded where its batches pass
-through a ``ResumableLoader`` (``record_from_environment``) and calls ``record_weights`` at the end.
+The LightningCLI runner injects a callback; any other script is recorded by verify's plug-in
+(``verify.plugin``, loaded by the core where its batches pass through a ``ResumableLoader`` or
+``SamplerCheckpoint``) and calls ``record_weights`` at the end.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import IO, Any
 
 import torch
 
-from stateful_sampler.verify.fingerprint import batch_fingerprint, batch_indices
+from stateful_sampler.verify.fingerprint import batch_fingerprint, batch_indices, rng_fingerprints
 
 RECORD_ENV = "STATEFUL_SAMPLER_RECORD"  # path prefix of the run's record files
 PAUSE_AT_ENV = "STATEFUL_SAMPLER_PAUSE_AT"  # step at whose next batch the run waits to be killed
@@ -41,6 +43,7 @@ class BatchRecord:
     step: int  # steps done before this batch (Lightning: trainer.global_step; a loader: batches consumed)
     fingerprint: str
     indices: list[int] | None
+    rng: dict[str, str] | None = None  # fingerprint of each RNG of the process as the batch reached the loop
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -116,7 +119,9 @@ class Recorder:
         """Record a batch as the loop receives it; first wait to be killed if the run pauses at ``step``."""
         if self.pause_at is not None and step >= self.pause_at:
             self.wait_to_be_killed(rank, world_size)
-        record = BatchRecord(rank, epoch, batch_idx, step, batch_fingerprint(batch), batch_indices(batch))
+        record = BatchRecord(
+            rank, epoch, batch_idx, step, batch_fingerprint(batch), batch_indices(batch), rng_fingerprints()
+        )
         self._write(rank, {"kind": "batch", **asdict(record)})
 
     def checkpoint(self, *, rank: int, step: int) -> None:

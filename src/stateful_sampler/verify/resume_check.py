@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from stateful_sampler.checks import check_int
 from stateful_sampler.verify.compare import ResumeReport, compare_runs
 from stateful_sampler.verify.errors import TrainingRunError
-from stateful_sampler.verify.recorder import RunRecord
-from stateful_sampler.verify.runner import Launch, run_and_kill, run_training
+from stateful_sampler.verify.recorder import BatchRecord, RunRecord, read_run
+from stateful_sampler.verify.runner import Launch, RunEndedEarly, run_and_kill, run_training
 
 DEFAULT_TIMEOUT = 600.0
 
@@ -44,8 +45,20 @@ def check_resume(
     launch = _launch(run, devices, timeout, progress)
     if work_dir is not None:
         return _check(launch, _check_path("work_dir", work_dir), kill_at, progress)
-    with tempfile.TemporaryDirectory(prefix="stateful-sampler-verify-") as temporary:
-        return _check(launch, Path(temporary), kill_at, progress)
+    temporary = Path(tempfile.mkdtemp(prefix="stateful-sampler-verify-"))
+    try:
+        report = _check(launch, temporary, kill_at, progress)
+    except Exception:
+        if any(temporary.rglob("*.log")):  # the error names a log: it must outlive verify
+            progress(f"work directory kept, with the runs' logs: {temporary}")
+        else:
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    except BaseException:  # Ctrl-C, SIGTERM: stop and clean up
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    shutil.rmtree(temporary, ignore_errors=True)
+    return report
 
 
 def _launch(run: Any, devices: int | None, timeout: float, progress: Callable[[str], None]) -> Launch:
@@ -81,16 +94,62 @@ def _check_path(name: str, value: Any) -> Path:
 
 def _check(launch: Launch, work_dir: Path, kill_at: int | None, progress: Callable[[str], None]) -> ResumeReport:
     reference_dir, crash_dir = _run_dirs(work_dir)
+    progress(f"work directory: {work_dir}")
     progress("uninterrupted run ...")
-    reference = run_training(launch, reference_dir, "reference")
+    reference = run_training(launch, reference_dir, "reference", progress=progress)
+    _check_contract(launch, reference, "uninterrupted", reference_dir / "reference.log")
     steps, first_saved = _kill_range(reference, launch.needs_checkpoint_records)
     kill_at = default_kill_step(steps, first_saved) if kill_at is None else check_kill_step(steps, first_saved, kill_at)
     progress(f"run killed with SIGKILL after step {kill_at} ...")
-    killed = run_and_kill(launch, crash_dir, "killed", kill_at)
+    try:
+        killed = run_and_kill(launch, crash_dir, "killed", kill_at, progress=progress)
+    except RunEndedEarly as error:
+        if error.code != 0:
+            raise
+        _check_fresh_start(launch, reference, read_run(crash_dir / "killed"), str(error))
+        raise
+    _check_fresh_start(launch, reference, killed, "")
     progress(f"run resumed from the last checkpoint (step {max(killed.checkpoint_steps, default='none')}) ...")
-    resumed = run_training(launch, crash_dir, "resumed", resume=True)
+    resumed = run_training(launch, crash_dir, "resumed", resume=True, progress=progress)
     killed, resumed = launch.settle(reference, killed, resumed)
-    return compare_runs(reference, killed, resumed, kill_at)
+    return compare_runs(reference, killed, resumed, kill_at, not_resumed=launch.not_resumed)
+
+
+def _check_contract(launch: Launch, run: RunRecord, name: str, log: Path) -> None:
+    """A run that records no batch, or no weights, breaks verify's contract: say how to meet it."""
+    if not run.batches:
+        raise TrainingRunError(f"the {name} run recorded no batch: {launch.no_batches} (its output: {log})")
+    if run.weights is None:
+        raise TrainingRunError(f"the {name} run recorded no final weights: {launch.no_weights} (its output: {log})")
+    fresh = [record for record in _first_batches(run).values() if record.batch_idx != 0]
+    if fresh:
+        raise TrainingRunError(
+            f"the {name} run, a fresh start in a new directory, began at epoch {fresh[0].epoch}, batch "
+            f"{fresh[0].batch_idx} on rank {fresh[0].rank}, not at an epoch's first batch: {launch.shared_checkpoints}"
+        )
+
+
+def _check_fresh_start(launch: Launch, reference: RunRecord, killed: RunRecord, ended: str) -> None:
+    """The killed run starts fresh, as the reference did: else it resumed from a checkpoint it was not given."""
+    want, got = _first_batches(reference), _first_batches(killed)
+    if not got and ended:
+        raise TrainingRunError(
+            f"the killed run, a fresh start, trained on no batch: {launch.shared_checkpoints}; {ended}"
+        )
+    for rank, record in sorted(got.items()):
+        if rank in want and record.key != want[rank].key:
+            raise TrainingRunError(
+                f"the killed run, a fresh start, began at epoch {record.epoch}, batch {record.batch_idx} on rank "
+                f"{rank}, where the uninterrupted run began at epoch {want[rank].epoch}, batch "
+                f"{want[rank].batch_idx}: {launch.shared_checkpoints}"
+            )
+
+
+def _first_batches(run: RunRecord) -> dict[int, BatchRecord]:
+    first: dict[int, BatchRecord] = {}
+    for record in run.batches:
+        first.setdefault(record.rank, record)
+    return first
 
 
 def _run_dirs(work_dir: Path) -> tuple[Path, Path]:

@@ -10,14 +10,17 @@ run's first process sees its lifeline (``lifeline.py``) end and kills the run.
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
+from stateful_sampler.plugins import PLUGINS_ENV
 from stateful_sampler.verify.errors import ConfigError, TrainingRunError
 from stateful_sampler.verify.lifeline import LIFELINE_ENV
 from stateful_sampler.verify.process_tree import kill_tree
@@ -27,18 +30,44 @@ from stateful_sampler.verify.recorder import (
     RECORD_ENV,
     RunRecord,
     config_problem_path,
+    rank_path,
     read_run,
 )
 
 _LOG_TAIL_LINES = 40
+_POLL_SECONDS = 0.2  # how often a running run is looked at: its end, its pause, its records
+PROGRESS_SECONDS = 10.0  # how often the step a run reached is reported
+PLUGIN = "stateful_sampler.verify.plugin"  # verify.plugin.MODULE, named without importing the core's hooks here
 RUN_DIR_ENV = "STATEFUL_SAMPLER_RUN_DIR"  # the run's own directory, for its checkpoints
 
 
 class Launch(Protocol):
-    """What a framework's runner says: the command of each run, and how its records compare."""
+    """What a framework's runner says: the command of each run, how its records compare, and, in its
+    own terms, how a run that breaks verify's contract is fixed."""
 
-    timeout: float  # seconds per run
-    needs_checkpoint_records: bool  # the run records every checkpoint it saves; else verify may not see them
+    @property
+    def timeout(self) -> float:
+        """Seconds per run."""
+
+    @property
+    def needs_checkpoint_records(self) -> bool:
+        """The run records every checkpoint it saves; else verify may not see them."""
+
+    @property
+    def no_batches(self) -> str:
+        """The fix when a run recorded no batch."""
+
+    @property
+    def no_weights(self) -> str:
+        """The fix when a run that finished recorded no final weights."""
+
+    @property
+    def not_resumed(self) -> str:
+        """The fix when the resumed run did not start at the last checkpoint."""
+
+    @property
+    def shared_checkpoints(self) -> str:
+        """The fix when a fresh run resumed from a checkpoint another run left."""
 
     def command(self, run_dir: Path, resume: bool) -> list[str]:
         """The training command; ``resume`` for the run after the kill."""
@@ -50,25 +79,46 @@ class Launch(Protocol):
         """The killed and resumed runs as they are to be compared with the reference."""
 
 
-def run_training(settings: Launch, run_dir: Path, name: str, *, resume: bool = False) -> RunRecord:
+class RunEndedEarly(TrainingRunError):
+    """The killed run ended on its own before every rank reached the kill step."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+Progress = Callable[[str], None]
+
+
+def run_training(
+    settings: Launch, run_dir: Path, name: str, *, resume: bool = False, progress: Progress = lambda message: None
+) -> RunRecord:
     """Train to the end (resuming from the run directory's checkpoint when ``resume``) and return what
-    the run recorded; ``ConfigError`` with LightningCLI's reason in one line when it refused the config."""
+    the run recorded; ``ConfigError`` with LightningCLI's reason in one line when it refused the config.
+    ``progress`` hears the step the run reached, every ``PROGRESS_SECONDS``."""
+    watch = StepWatch(run_dir / name, name, progress)
     with _running(settings, run_dir, name, resume=resume, extra_env={}) as process:
-        try:
-            code = process.wait(timeout=settings.timeout)
-        except subprocess.TimeoutExpired:
-            raise TrainingRunError(
-                f"the {name} run did not finish within {settings.timeout:g} s" + _log_tail(run_dir, name)
-            ) from None
+        deadline = time.monotonic() + settings.timeout
+        while (code := process.poll()) is None:
+            if time.monotonic() > deadline:
+                raise TrainingRunError(
+                    f"the {name} run did not finish within {settings.timeout:g} s (--timeout)"
+                    + _log_tail(run_dir, name)
+                )
+            watch.poll()
+            time.sleep(_POLL_SECONDS)
     problem = config_problem_path(run_dir / name)
     if code != 0 and problem.exists():
         raise ConfigError(f"config {settings.describe()!r}: {problem.read_text()}")
     if code != 0:
         raise TrainingRunError(f"the {name} run exited with code {code}" + _log_tail(run_dir, name))
+    watch.finished()
     return read_run(run_dir / name)
 
 
-def run_and_kill(settings: Launch, run_dir: Path, name: str, kill_at: int) -> RunRecord:
+def run_and_kill(
+    settings: Launch, run_dir: Path, name: str, kill_at: int, *, progress: Progress = lambda message: None
+) -> RunRecord:
     """Train until every rank reaches the first batch after ``kill_at`` steps, then SIGKILL the run's
     whole process tree there, mid-epoch, without any chance to save or clean up."""
     fifo = run_dir / f"{name}.notify"
@@ -76,13 +126,51 @@ def run_and_kill(settings: Launch, run_dir: Path, name: str, kill_at: int) -> Ru
     # Opened read-write, so the FIFO never reports end-of-file while no rank has it open.
     notify = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
     pause = {PAUSE_AT_ENV: str(kill_at), NOTIFY_ENV: str(fifo)}
+    watch = StepWatch(run_dir / name, name, progress)
     try:
         with _running(settings, run_dir, name, resume=False, extra_env=pause) as process:
-            _wait_for_every_rank(process, notify, settings.timeout, run_dir, name, kill_at)
+            _wait_for_every_rank(process, notify, settings.timeout, run_dir, name, kill_at, watch)
             _kill(process)  # the crash: SIGKILL to every rank and DataLoader worker at once
     finally:
         os.close(notify)
+    progress(f"  {name} run: every rank paused after step {kill_at}, killed with SIGKILL")
     return read_run(run_dir / name)
+
+
+class StepWatch:
+    """Reads a running run's rank-0 record as it grows, and reports the step it reached."""
+
+    def __init__(self, prefix: Path, name: str, progress: Progress) -> None:
+        self.path = rank_path(prefix, 0)
+        self.name = name
+        self.progress = progress
+        self.steps = 0  # steps done by the last batch seen
+        self._offset = 0
+        self._partial = b""
+        self._reported = time.monotonic()
+
+    def poll(self) -> None:
+        self._read()
+        if self.steps and time.monotonic() - self._reported >= PROGRESS_SECONDS:
+            self._reported = time.monotonic()
+            self.progress(f"  {self.name} run: step {self.steps}")
+
+    def finished(self) -> None:
+        self._read()
+        self.progress(f"  {self.name} run: finished, {self.steps} steps on rank 0")
+
+    def _read(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as file:
+            file.seek(self._offset)
+            new = file.read()
+        self._offset += len(new)
+        *lines, self._partial = (self._partial + new).split(b"\n")
+        for line in lines:
+            entry = json.loads(line)
+            if entry["kind"] == "batch":
+                self.steps = max(self.steps, entry["step"] + 1)
 
 
 @contextmanager
@@ -110,8 +198,10 @@ def _start(
     settings: Launch, run_dir: Path, name: str, *, resume: bool, extra_env: dict[str, str], lifeline: int
 ) -> subprocess.Popen:
     command = settings.command(run_dir, resume)
+    plugins = [part for part in os.environ.get(PLUGINS_ENV, "").split(",") if part and part != PLUGIN]
     env = {
         **os.environ,
+        PLUGINS_ENV: ",".join([*plugins, PLUGIN]),  # the core loads verify's recording into the run
         RECORD_ENV: str(run_dir / name),
         RUN_DIR_ENV: str(run_dir),
         LIFELINE_ENV: str(lifeline),
@@ -129,7 +219,7 @@ def _start(
 
 
 def _wait_for_every_rank(
-    process: subprocess.Popen, notify: int, timeout: float, run_dir: Path, name: str, kill_at: int
+    process: subprocess.Popen, notify: int, timeout: float, run_dir: Path, name: str, kill_at: int, watch: StepWatch
 ) -> None:
     deadline = time.monotonic() + timeout
     paused: set[int] = set()
@@ -139,9 +229,11 @@ def _wait_for_every_rank(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TrainingRunError(
-                f"the {name} run did not reach step {kill_at} within {timeout:g} s" + _log_tail(run_dir, name)
+                f"the {name} run did not reach step {kill_at} within {timeout:g} s (--timeout)"
+                + _log_tail(run_dir, name)
             )
-        ready, _, _ = select.select([notify], [], [], min(remaining, 1.0))
+        ready, _, _ = select.select([notify], [], [], min(remaining, _POLL_SECONDS))
+        watch.poll()
         if ready:
             received += os.read(notify, 4096)
             *lines, partial = received.split(b"\n")
@@ -150,9 +242,10 @@ def _wait_for_every_rank(
                 rank, world_size = (int(word) for word in line.split())
                 paused.add(rank)
         elif process.poll() is not None:
-            raise TrainingRunError(
-                f"the {name} run ended (exit code {process.returncode}) before reaching step {kill_at}: "
-                f"choose a kill step inside the run" + _log_tail(run_dir, name)
+            raise RunEndedEarly(
+                f"the {name} run ended (exit code {process.returncode}) before reaching step {kill_at}"
+                + _log_tail(run_dir, name),
+                process.returncode,
             )
 
 

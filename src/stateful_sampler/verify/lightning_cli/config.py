@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 from argparse import ArgumentError
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 from lightning.pytorch.cli import LightningCLI
@@ -51,7 +52,7 @@ def parse_problem(error: ArgumentError) -> str:
         problem = f"class_path {found.group(1)!r} cannot be used: {found.group(2).strip()}"
     else:
         problem = " ".join(line.strip() for line in message.splitlines() if line.strip())
-        problem = problem.removeprefix(f"Parser key \"{key.group(1)}\": ") if key else problem
+        problem = problem.removeprefix(f'Parser key "{key.group(1)}": ') if key else problem
     return f"{key.group(1)}: {problem}" if key else problem
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import ClassVar
 
 from stateful_sampler.verify.lightning_cli.config import read_config
 from stateful_sampler.verify.recorder import RunRecord
@@ -20,6 +21,13 @@ class LightningCLILaunch:
     devices: int | None  # overrides trainer.devices when set
     timeout: float  # seconds per run
     needs_checkpoint_records: bool = True  # the recorder sees every checkpoint Lightning saves
+    no_batches: ClassVar[str] = "check trainer.max_steps, max_epochs and limit_train_batches in the config"
+    no_weights: ClassVar[str] = "the fit did not reach on_train_end"
+    not_resumed: ClassVar[str] = (
+        "Lightning did not resume from last.ckpt in the run's directory (verify passes ckpt_path='last' and "
+        "redirects every ModelCheckpoint there)"
+    )
+    shared_checkpoints: ClassVar[str] = "it resumed from a checkpoint verify did not give it (ckpt_path in the config?)"
 
     @classmethod
     def checked(

@@ -47,7 +47,8 @@ class BatchRecorder(Callback):
 
 class RecordedFitCLI(LightningCLI):
     def before_fit(self) -> None:
-        checkpoints = [callback for callback in self.trainer.callbacks if isinstance(callback, ModelCheckpoint)]
+        callbacks = self.trainer.callbacks  # type: ignore[attr-defined]  # set by Trainer.__init__
+        checkpoints = [callback for callback in callbacks if isinstance(callback, ModelCheckpoint)]
         if not any(callback._every_n_train_steps and callback.save_last for callback in checkpoints):
             raise ConfigError(
                 "trainer.callbacks: verify needs a step-based ModelCheckpoint that keeps last.ckpt, e.g. "
