@@ -29,8 +29,10 @@ from torch.utils.data import DataLoader
 from stateful_sampler import ResumableLoader
 from tests.twin_helpers import EPOCHS, KINDS, SamplerConfig, json_round_trip, outcome, sampler_configs, take
 
-EXAMPLES = int(os.environ.get("TWIN_LOADER_EXAMPLES", 150))  # per variant without workers
-WORKER_EXAMPLES = int(os.environ.get("TWIN_LOADER_WORKER_EXAMPLES", 12))  # each pass starts 2 processes
+# Runs per variant: 300 without workers (ResumableLoader, StatefulDataLoader); with 2 workers, whose every
+# pass starts 2 processes, 20 under ResumableLoader and 12 under StatefulDataLoader (slow).
+EXAMPLES = int(os.environ.get("TWIN_LOADER_EXAMPLES", 300))
+WORKER_EXAMPLES = {"ResumableTwins": 20, "StatefulDataLoaderTwins": 12}
 PENDING, NO_TWIN, REAL = "pending", "no twin", "real"
 
 
@@ -242,7 +244,8 @@ class StatefulDataLoaderTwins(LoaderTwins):
 def _variant(base: type[LoaderTwins], workers: int) -> type[LoaderTwins]:
     machine = type(f"{base.__name__}_{workers}_workers", (base,), {"workers": workers,
                                                                   "max_world": 2 if workers == 0 else 1})  # fmt: skip
-    examples, steps = (EXAMPLES, 20) if workers == 0 else (WORKER_EXAMPLES, 12)
+    worker_examples = int(os.environ.get("TWIN_LOADER_WORKER_EXAMPLES", WORKER_EXAMPLES[base.__name__]))
+    examples, steps = (EXAMPLES, 20) if workers == 0 else (worker_examples, 12)
     machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None)
     return machine
 

@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from stateful_sampler import StatefulSampler
 from tests.twin_helpers import EPOCHS, KINDS, SamplerConfig, json_round_trip, outcome, sampler_configs, take
 
-# Examples per strategy: 7 strategies x 300 = 2,100 runs of up to 25 steps (about 50 s on one core).
+# Examples per strategy: 7 strategies x 300 = 2,100 runs of up to 20 steps.
 EXAMPLES = int(os.environ.get("TWIN_SAMPLER_EXAMPLES", 300))
 PENDING, NO_TWIN, REAL = "pending", "no twin", "real"
 
@@ -162,7 +162,7 @@ def reports(sampler: StatefulSampler) -> dict[str, Any]:
 
 def _machine(kind: str) -> type[SamplerTwins]:
     machine = type(f"SamplerTwins_{kind}", (SamplerTwins,), {"kind": kind})
-    machine.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=25, deadline=None)
+    machine.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=20, deadline=None)
     return machine
 
 

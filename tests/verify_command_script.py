@@ -3,7 +3,9 @@
 It meets verify's contract for commands and is not edited for verify: its batches pass through a
 ``ResumableLoader``, it checkpoints into ``--root`` every ``--every`` steps and resumes from there
 when run again, and it calls ``record_weights`` at the end. ``--drawn-position`` is the classic bug:
-it saves the position the sampler *drew*, which 2 prefetching workers put ahead of training.
+it saves the position the sampler *drew*, which 2 prefetching workers put 4 batches ahead of training
+(spelled out with ``consumed_batches``: since issue 17, ``sampler.state_dict()`` under a
+``ResumableLoader`` is the consumed position, so the bug can no longer be made by accident).
 ``--ddp`` joins the process group torchrun sets up (gloo); rank 0 writes the checkpoint.
 The other flags each break one part of the contract, for verify to name: ``--dropout`` with
 ``--forget-rng`` (a model whose randomness the resume does not restore: it reseeds after loading),
@@ -62,7 +64,7 @@ def main() -> None:
     epochs = sampler if args.plain_loader else loader
     for epoch in range(epochs.epoch, EPOCHS):
         epochs.set_epoch(epoch)
-        for inputs, targets in loader:
+        for consumed, (inputs, targets) in enumerate(loader, 1):
             optimizer.zero_grad()
             loss = nn.functional.mse_loss(model(inputs), targets)
             loss.backward()
@@ -72,8 +74,13 @@ def main() -> None:
             optimizer.step()
             step += 1
             if step % args.every == 0 and int(os.environ.get("RANK", "0")) == 0:
-                drawn = args.drawn_position or args.plain_loader
-                position = sampler.state_dict() if drawn else loader.state_dict()
+                if args.drawn_position:
+                    drawn = min(consumed + 4, -(-sampler.pass_length() // sampler.batch_size))  # 2 workers x prefetch 2
+                    position = sampler.state_dict(consumed_batches=drawn)
+                elif args.plain_loader:
+                    position = sampler.state_dict(consumed_batches=consumed)
+                else:
+                    position = loader.state_dict()
                 state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": position}
                 torch.save({**state, "step": step}, args.root / "next.pt")
                 os.replace(args.root / "next.pt", checkpoint)
