@@ -39,7 +39,7 @@ PENDING, NO_TWIN, REAL = "pending", "no twin", "real"
 @dataclass
 class Slot:
     live: list[Iterator[Any]]
-    twin: list[Iterator[Any]] | None
+    twin: list[Iterator[Any] | None] | None  # None on a rank whose live pass had ended at the save
     mode: str
     stopped: list[bool]
     serial: int  # the how-manieth iter() of the run: the loader's pass is the latest one's
@@ -114,13 +114,14 @@ class LoaderTwins(RuleBasedStateMachine):
 
     def _take(self, slot: Slot, count: int) -> None:
         if slot.mode == PENDING:
-            slot.twin, slot.mode = [iter(loader) for loader in self.twin], REAL  # type: ignore[union-attr]
+            slot.twin = [None if stopped else iter(loader) for loader, stopped in zip(self.twin, slot.stopped)]  # type: ignore[arg-type]
+            slot.mode = REAL
             self.fresh = False
         for rank, iterator in enumerate(slot.live):
             items, stopped, error = take(iterator, count)
             got = (as_lists(items), stopped, error)
             slot.stopped[rank] = slot.stopped[rank] or stopped
-            if slot.mode == REAL:
+            if slot.mode == REAL and slot.twin[rank] is not None:  # type: ignore[index]
                 items, stopped, error = take(slot.twin[rank], count)  # type: ignore[index]
                 assert (as_lists(items), stopped, error) == got, (rank, self.log)
 
@@ -164,7 +165,7 @@ class LoaderTwins(RuleBasedStateMachine):
         for rank, length in enumerate(lengths):
             count = length[1] if length[0] == "ok" else 0
             items, _, error = take(slot.live[rank], count)
-            if slot.mode == REAL:
+            if slot.mode == REAL and slot.twin[rank] is not None:  # type: ignore[index]
                 twin_items, _, twin_error = take(slot.twin[rank], count)  # type: ignore[index]
                 assert (as_lists(twin_items), twin_error) == (as_lists(items), error), (rank, self.log)
         self.slots.remove(slot)  # the loop is over: zip stopped taking
@@ -197,7 +198,7 @@ class LoaderTwins(RuleBasedStateMachine):
             loader.load_state_dict(state[1])
         self.twin, self.fresh = twin, True
         for slot in self.slots:
-            newest = slot.serial == self.serial and not any(slot.stopped)
+            newest = slot.serial == self.serial and not all(slot.stopped)
             slot.mode, slot.twin = (PENDING if newest else NO_TWIN), None
 
     @invariant()
