@@ -36,7 +36,7 @@ class Slot:
     """One iterator per rank on the live side and, where it has one, on the twin side."""
 
     live: list[Iterator[Any]]
-    twin: list[Iterator[Any]] | None
+    twin: list[Iterator[Any] | None] | None  # None on a rank whose live pass had ended at the save
     mode: str
     drawn: list[int]
     stopped: list[bool]
@@ -87,12 +87,13 @@ class SamplerTwins(RuleBasedStateMachine):
         slot = self.slots[min(which, len(self.slots) - 1)]
         self._note(f"next x{count} on slot {self.slots.index(slot)}")
         if slot.mode == PENDING:
-            slot.twin, slot.mode = [iter(sampler) for sampler in self.twin], REAL  # type: ignore[union-attr]
+            slot.twin = [None if stopped else iter(sampler) for sampler, stopped in zip(self.twin, slot.stopped)]  # type: ignore[arg-type]
+            slot.mode = REAL
         for rank, iterator in enumerate(slot.live):
             got = take(iterator, count)
             slot.drawn[rank] += len(got[0])
             slot.stopped[rank] = slot.stopped[rank] or got[1]
-            if slot.mode == REAL:
+            if slot.mode == REAL and slot.twin[rank] is not None:  # type: ignore[index]
                 assert take(slot.twin[rank], count) == got, (rank, self.log)  # type: ignore[index]
 
     @precondition(lambda self: self.slots)
@@ -137,7 +138,7 @@ class SamplerTwins(RuleBasedStateMachine):
             sampler.load_state_dict(json_round_trip(state[1]))
         self.twin = twin
         for slot in self.slots:
-            newest = slot.serial == self.serial and not any(slot.stopped)
+            newest = slot.serial == self.serial and not all(slot.stopped)
             slot.mode, slot.twin = (PENDING if newest else NO_TWIN), None
 
     # -- what both report
