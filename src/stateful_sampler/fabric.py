@@ -9,7 +9,7 @@ loader keeps that count equal to the sampler's epoch, so a restored epoch is not
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch.distributed as dist
 from torch.utils.data import DataLoader
@@ -21,6 +21,9 @@ try:
     from lightning.fabric import Fabric
 except ModuleNotFoundError as error:
     raise missing_extra(error, "fabric", __name__) from error
+
+if TYPE_CHECKING:
+    from lightning.fabric.wrappers import _FabricDataLoader
 
 
 def setup_dataloader(
@@ -46,7 +49,8 @@ def setup_dataloader(
             f"world_size={fabric.world_size} processes: call fabric.launch() before building the sampler, or leave "
             f"num_replicas and rank unset"
         )
-    prepared = fabric.setup_dataloaders(loader, move_to_device=move_to_device)
+    # one loader in, one out: a _FabricDataLoader, which Fabric types as DataLoader | list[DataLoader]
+    prepared = cast("_FabricDataLoader", fabric.setup_dataloaders(loader, move_to_device=move_to_device))
     if find_sampler(prepared) is not sampler:
         raise ValueError(
             "Fabric replaced the StatefulSampler: pass it as DataLoader(dataset, sampler=StatefulSampler(...)), where "

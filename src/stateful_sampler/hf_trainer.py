@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from torch.utils.data import Dataset
 
@@ -73,7 +74,8 @@ class ResumableTrainer(Trainer):
     def _get_train_sampler(self, train_dataset: Dataset | None = None) -> StatefulSampler:
         dataset = self.train_dataset if train_dataset is None else train_dataset
         seed = self.args.seed if self.args.data_seed is None else self.args.data_seed
-        return StatefulSampler(dataset, seed=seed, batch_size=self._train_batch_size)
+        # the Trainer refuses a missing train_dataset before it asks for a sampler; torch types Dataset without __len__
+        return StatefulSampler(cast(Sized, dataset), seed=seed, batch_size=self._train_batch_size)
 
     def get_train_dataloader(self) -> ResumableLoader:  # type: ignore[override]
         prepared = super().get_train_dataloader()

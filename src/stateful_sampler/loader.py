@@ -12,9 +12,9 @@ frameworks that write rank 0's copy only (Fabric, Accelerate) resume every rank 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader

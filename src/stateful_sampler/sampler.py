@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass, replace
 from itertools import chain, repeat
 from operator import length_hint
-from typing import Any, Callable, Iterator, Sized
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,9 +26,9 @@ from stateful_sampler.checks import check_bool, check_choice, check_int, check_o
 from stateful_sampler.errors import DoubleShardingError, PrefetchedStateError
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout, carry_epoch_start
+from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.policies import Order, Tail
 from stateful_sampler.order.strategy import Strategy, Uniform
-from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.records import MAX_TORCH_SIZE, StreamRecords
 from stateful_sampler.state import STATE_VERSION, SamplerState
 
@@ -149,7 +150,7 @@ class StatefulSampler(DistributedSampler):
         yield_keys: bool = False,
         strategy: Strategy | None = None,
     ) -> None:
-        self.dataset = data_source
+        self.dataset = data_source  # type: ignore[assignment]  # an int N or any Sized, wider than DistributedSampler's Dataset
         self.size = _dataset_size(data_source)
         shuffle = _resolve_shuffle(shuffle, strategy)
         self.shuffle = check_bool("shuffle", shuffle)
@@ -451,7 +452,6 @@ class StatefulSampler(DistributedSampler):
         Count the batches of the loop over the loader (``enumerate(loader, 1)``); needs
         ``batch_size``, and k may not pass the pass's last batch.
         """
-        current = self._pass
         if consumed_batches is None:
             return self._state(self._consumed_cursor()).to_dict()
         if self.batch_size is None:
@@ -598,8 +598,8 @@ def _dataset_size(data_source: Any) -> int:
         value = np.asarray(data_source)
         if value.dtype.kind not in "iu":
             raise TypeError(f"data_source as a 0-d tensor must hold an integer, got {data_source!r}")
-        size = int(value)
-    elif isinstance(data_source, int) or isinstance(data_source, np.integer):
+        size: int | np.integer[Any] = int(value)
+    elif isinstance(data_source, (int, np.integer)):
         size = data_source
     elif hasattr(data_source, "__len__"):
         size = len(data_source)

@@ -6,14 +6,15 @@ order and a cursor into it, never RNG internals: a few hundred bytes whatever N 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout
+from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.policies import Tail
 from stateful_sampler.order.strategy import Uniform
-from stateful_sampler.order.permutation import MAX_SIZE
 
 # 2 added ``epoch_end``, the end of the saved epoch as the saving run laid it out, so that a state
 # saved at an epoch's end stays there whatever ranks and batch size resume it, and the strategy

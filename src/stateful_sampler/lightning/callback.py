@@ -19,11 +19,12 @@ where the fit stopped is kept until the next fit starts.
 from __future__ import annotations
 
 import copy
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, cast
 
 import torch.distributed as dist
-import warnings
-from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Callable
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.lightning.epoch_length import (
@@ -52,6 +53,7 @@ from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_st
 
 if TYPE_CHECKING:  # either package's; see framework.py
     from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.loops.progress import _ProcessedTracker
 
 CALLBACK_STATE_VERSION = 3
 _READABLE_VERSIONS = (2, 3)  # version 2 holds no RNG states
@@ -190,7 +192,7 @@ class SamplerCheckpointHooks:
         self._remove_hook()
         self._remove_hook = None
         if self._warning_filter in warnings.filters:
-            warnings.filters.remove(self._warning_filter)
+            cast("list[Any]", warnings.filters).remove(self._warning_filter)  # typeshed says Sequence; it is a list
         self._warning_filter = None
         self._forget_the_run()
         self._stopped = stopped
@@ -407,13 +409,14 @@ def _state_after(sampler: StatefulSampler, origin: dict[str, Any], consumed_batc
 
 def _batches_processed(trainer: Trainer) -> int:
     """Batches the training loop has finished in the current epoch (a resumed run counts on)."""
-    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+    # Lightning types ``current`` as _ReadyCompletedTracker; its default, kept by the fit loop, is a _ProcessedTracker
+    return cast("_ProcessedTracker", trainer.fit_loop.epoch_loop.batch_progress.current).processed
 
 
 def _lightning_epoch(trainer: Trainer) -> int:
     """The epoch Lightning passes to ``set_epoch`` (``trainer.current_epoch`` lags behind it at an
     epoch's end)."""
-    return trainer.fit_loop.epoch_progress.current.processed
+    return cast("_ProcessedTracker", trainer.fit_loop.epoch_progress.current).processed
 
 
 def _mid_epoch(trainer: Trainer) -> bool:

@@ -69,7 +69,7 @@ def hold_epoch_batches(trainer: Trainer, limits: list[int | float], fetched: int
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is None or fetcher.length is None:
         return False
-    fetcher.length = total
+    fetcher.length = total  # type: ignore[assignment]  # typed int | None; an inf limit works (never done)
     fetcher.done = fetched >= total
     return fetcher.done
 

@@ -10,9 +10,10 @@ of a package is looked up from the trainer at hand; neither package is imported 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Callable
+from typing import Any
 
 # The top-level module of each package's Trainer, and its fabric package.
 _FABRIC = {"lightning": "lightning.fabric", "pytorch_lightning": "lightning_fabric"}

@@ -29,7 +29,7 @@ class ResumeGuardHooks:
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         from stateful_sampler.lightning.callback import SamplerCheckpointHooks
 
-        if trainer.ckpt_path is None or any(isinstance(c, SamplerCheckpointHooks) for c in trainer.callbacks):
+        if trainer.ckpt_path is None or any(isinstance(c, SamplerCheckpointHooks) for c in trainer.callbacks):  # type: ignore[attr-defined]  # set by Lightning's callback connector, undeclared
             return
         if train_samplers(trainer):
             raise SamplerSetupError(

@@ -39,7 +39,10 @@ def iterated_train_loader(trainer: Trainer) -> tuple[CombinedLoader, Any]:
 def restart_train_iteration(trainer: Trainer) -> None:
     """Start the fit loop's iteration over the train loaders again, so every sampler begins a new
     pass (and its workers drop what they prefetched)."""
-    iter(trainer.fit_loop._data_fetcher)
+    fetcher = trainer.fit_loop._data_fetcher
+    if fetcher is None:
+        raise RuntimeError("the train loader is not iterated yet: call this inside Trainer.fit, from on_train_start on")
+    iter(fetcher)
 
 
 def train_samplers(trainer: Trainer) -> list[StatefulSampler]:
@@ -85,7 +88,8 @@ def checked_train_samplers(trainer: Trainer) -> list[StatefulSampler]:
     for index, loader in enumerate(combined.flattened):
         samplers = _samplers_of(loader)
         stateful = stateful_samplers_of(loader)
-        wrapped = [s for s in samplers if isinstance(s, framework_of(trainer).distributed_sampler_wrapper)]
+        # either package's DistributedSamplerWrapper, found at run time (framework.py), so typed Any
+        wrapped: list[Any] = [s for s in samplers if isinstance(s, framework_of(trainer).distributed_sampler_wrapper)]
         if wrapped:
             inner = type(wrapped[0].dataset._sampler).__name__
             raise SamplerSetupError(
@@ -109,9 +113,10 @@ def checked_train_samplers(trainer: Trainer) -> list[StatefulSampler]:
 def _check_not_overfitting(trainer: Trainer) -> None:
     """``overfit_batches`` makes Lightning replace every train sampler with a ``SequentialSampler``
     (the same first batches each epoch), so no StatefulSampler is left to resume."""
-    if trainer.overfit_batches > 0:
+    overfit = trainer.overfit_batches  # type: ignore[attr-defined]  # set by Lightning's data connector, undeclared
+    if overfit > 0:
         raise SamplerSetupError(
-            f"Trainer(overfit_batches={trainer.overfit_batches}) replaced the train dataloader's sampler with a "
+            f"Trainer(overfit_batches={overfit}) replaced the train dataloader's sampler with a "
             f"SequentialSampler over the first batches, so there is no StatefulSampler to checkpoint: for an "
             f"overfitting run remove SamplerCheckpoint from the callbacks, or set overfit_batches=0 to train on "
             f"the StatefulSampler"

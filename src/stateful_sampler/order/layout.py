@@ -15,6 +15,7 @@ for huge N); everything here is integer arithmetic, O(1) per question, whatever 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 from stateful_sampler.order.policies import Tail

@@ -19,12 +19,12 @@ from stateful_sampler.seeding.worker import WorkerSeeder, WorkerSeeds, seed_work
 
 __all__ = [
     "GLOBAL_RNGS",
+    "_TORCH_GENERATOR",
     "GlobalRNGThreadError",
     "SampleRNG",
     "SeededDataset",
     "WorkerSeeder",
     "WorkerSeeds",
-    "_TORCH_GENERATOR",
     "seed_globals",
     "seed_worker",
 ]

@@ -10,9 +10,9 @@ state. Several changes give a quotient outside [0, S) with probability about 1 -
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.order.policies import Tail
@@ -90,7 +90,7 @@ class StreamState:
         for name, kind in expected.items():
             value = data[name]
             wanted = str if kind == "str" else int
-            if type(value) is not wanted or (wanted is int and value < 0):
+            if type(value) is not wanted or (isinstance(value, int) and value < 0):
                 raise IncompatibleStateError(name, value, f"a non-negative {kind}" if kind == "int" else kind)
         if data["tail"] not in (Tail.PAD.value, Tail.DROP.value):
             raise IncompatibleStateError("tail", data["tail"], ["pad", "drop"])
