@@ -1,6 +1,14 @@
 """Checkpointable, exactly reproducible data order for PyTorch training."""
 
-from stateful_sampler.errors import IncompatibleStateError
+from stateful_sampler.errors import (
+    DoubleShardingError,
+    IncompatibleStateError,
+    PrefetchedStateError,
+    SamplerNotFoundError,
+    SamplerSetupError,
+    ShardReadError,
+    StalePassError,
+)
 from stateful_sampler.keys import KeyedDataset, SampleKey
 from stateful_sampler.loader import ResumableLoader
 from stateful_sampler.order.curriculum import Curriculum
@@ -12,13 +20,21 @@ from stateful_sampler.order.strategy import Strategy, Uniform
 from stateful_sampler.order.stratified import Stratified
 from stateful_sampler.order.weighted import Weighted
 from stateful_sampler.sampler import StatefulSampler
-from stateful_sampler.seeding import GlobalRNGThreadError, SampleRNG, SeededDataset, seed_worker
+from stateful_sampler.seeding import (
+    GlobalRNGThreadError,
+    SampleRNG,
+    SeededDataset,
+    capture_rng_states,
+    restore_rng_states,
+    seed_worker,
+)
 from stateful_sampler.state import SamplerState
 
 __version__ = "0.2.0"
 
 __all__ = [
     "Curriculum",
+    "DoubleShardingError",
     "GlobalRNGThreadError",
     "Grouped",
     "IncompatibleStateError",
@@ -26,16 +42,23 @@ __all__ = [
     "LengthGrouped",
     "Mixture",
     "Order",
+    "PrefetchedStateError",
     "ResumableLoader",
     "SampleKey",
     "SampleRNG",
+    "SamplerNotFoundError",
+    "SamplerSetupError",
     "SamplerState",
     "SeededDataset",
+    "ShardReadError",
+    "StalePassError",
     "StatefulSampler",
     "Strategy",
     "Stratified",
     "Tail",
     "Uniform",
     "Weighted",
+    "capture_rng_states",
+    "restore_rng_states",
     "seed_worker",
 ]

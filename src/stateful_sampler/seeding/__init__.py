@@ -10,10 +10,13 @@ nor line up across worker counts. Here every seed is derived from saved, structu
   for an exact restart at an epoch boundary with the same worker count.
 - ``SeededDataset(dataset)``: each sample's streams come from (seed, epoch, index). Exact after a
   mid-epoch resume, and whatever the worker count or world size.
+- ``capture_rng_states()`` / ``restore_rng_states(states)``: the process's own RNGs (torch CPU and CUDA,
+  NumPy, ``random``), saved with the data so that a model's dropout resumes bitwise.
 """
 
 from stateful_sampler.seeding.dataset import SeededDataset
 from stateful_sampler.seeding.process_rngs import GLOBAL_RNGS, GlobalRNGThreadError
+from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
 from stateful_sampler.seeding.streams import _TORCH_GENERATOR, SampleRNG, seed_globals
 from stateful_sampler.seeding.worker import WorkerSeeder, WorkerSeeds, seed_worker
 
@@ -25,6 +28,8 @@ __all__ = [
     "SeededDataset",
     "WorkerSeeder",
     "WorkerSeeds",
+    "capture_rng_states",
+    "restore_rng_states",
     "seed_globals",
     "seed_worker",
 ]
