@@ -135,6 +135,7 @@ class StatefulSampler(DistributedSampler):
                 f"use order='fast' (O(block) memory)"
             )
         self.strategy = _checked_strategy(strategy, self.size, self.shuffle, self.order, self.tail)
+        self.strategy = self.strategy.for_sampler(self.batch_size, self.num_replicas)
         self._records = StreamRecords(self.strategy, self.order, self.seed, self.size)
         self._cursor = _Cursor(epoch=0, position=0, carry_start=0)
         self._pass: _Pass | None = None
