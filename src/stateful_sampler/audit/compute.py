@@ -7,6 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from stateful_sampler.checks import check_int
+from stateful_sampler.row_sampler import RowSampler
 
 from stateful_sampler.audit.composition import FIRST_BATCHES, Labels, compose
 from stateful_sampler.audit.epochs import EpochRecords, count_epoch
@@ -40,6 +41,11 @@ def audit(
     ``target`` (a share per class; default: the labels' own distribution), the pooled composition of
     the first ``first_batches`` steps, and a chi-square test of the epoch's class counts.
     """
+    if isinstance(sampler_or_config, RowSampler):
+        raise TypeError(
+            f"audit counts records per batch; a {type(sampler_or_config).__name__} yields rows: use "
+            f"stateful_sampler.audit.audit_packing(sampler) for its packing efficiency per epoch"
+        )
     settings, samplers = rank_samplers(
         sampler_or_config,
         batch_size=batch_size,
