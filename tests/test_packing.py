@@ -202,3 +202,26 @@ def test_packed_rows_give_restarting_positions_masked_labels_and_cu_seqlens():
     assert batch["cu_seqlens"][-1] == 6 * len(items) and batch["cu_seqlens"].dtype.is_signed
     masked = PackedDataset(documents, rows, attention="mask").collate(items)
     assert masked["attention_mask"].shape == (len(items), 6, 6)
+
+
+def test_the_packing_audit_reports_each_epoch_s_efficiency_from_the_sampler_s_rows():
+    from stateful_sampler import TokenBudgetBatches
+    from stateful_sampler.audit import audit, audit_packing
+
+    lengths = np.random.default_rng(4).integers(1, 60, 3000)
+    ranks = _ranks(lengths, 64, 3, split_records=False, window=500)
+    report = audit_packing(ranks[0], epochs=2)
+    for epoch in report:
+        plans = [plan for sampler in _ranks(lengths, 64, 3, split_records=False, window=500)
+                 for plan in (sampler.set_epoch(epoch.epoch) or list(sampler))]  # fmt: skip
+        real = sum(stop - start for plan in plans if not plan.is_padding for _, start, stop in plan)
+        assert epoch.tokens == real == lengths.sum()
+        assert epoch.rows + epoch.padding_rows == len(plans) and len(set(epoch.steps)) == 1
+        assert epoch.efficiency == real / (64 * len(plans)) and epoch.fill > 0.98
+        assert "packing efficiency" in epoch.summary()
+    split = audit_packing(PackedRows(lengths, 64), epochs=1)[0]
+    assert split.tokens == lengths.sum() and split.rows == -(-lengths.sum() // 64)
+    padded = audit_packing(TokenBudgetBatches(lengths, 512, num_replicas=2, rank=0))[0]
+    assert padded.cost >= padded.tokens and "padding within batches" in padded.summary()
+    with pytest.raises(TypeError, match="use stateful_sampler.audit.audit_packing"):
+        audit(ranks[0])
