@@ -160,8 +160,10 @@ class StatefulSampler(DistributedSampler):
         world_size, rank = self.num_replicas, self.rank
         if rank >= world_size:
             raise ValueError(f"rank must lie in [0, num_replicas) = [0, {world_size}), got {rank}")
+        if self.tail is not Tail.DROP:
+            return  # only drop needs the pass's length here (a packed pass's is a walk over its windows)
         length = self._records.pass_length(self._cursor.epoch)
-        if self.tail is Tail.DROP and 0 < length < world_size:
+        if 0 < length < world_size:
             raise ValueError(
                 f"tail='drop' with {length} records on num_replicas={world_size} ranks would drop "
                 f"every record: use tail='pad' or 'uneven', or fewer ranks"
