@@ -137,11 +137,15 @@ def resume(size: int, split: bool) -> dict[str, Any]:
     first = [next(iterator) for _ in range(8)]
     seconds = perf_counter() - constructed
     assert first[0].key.index == middle
+    fresh = make().strategy.rows(0)
+    started_window = perf_counter()
+    fresh._built(state["packing"]["window"])  # one window alone: what "plus one window" stands for
+    window = perf_counter() - started_window
     started_rebuild = perf_counter()
-    make().strategy.rows(0).anchor(middle)  # no anchor: walk the windows from the epoch's start
+    fresh.anchor(middle)  # no anchor: walk the windows from the epoch's start
     rebuild = perf_counter() - started_rebuild
     return {"seconds": seconds, "construction_seconds": constructed - started, "rebuild_seconds": rebuild,
-            "rows": 2 * middle, "state_bytes": len(json.dumps(state))}  # fmt: skip
+            "window_seconds": window, "rows": 2 * middle, "state_bytes": len(json.dumps(state))}  # fmt: skip
 
 
 def mid_epoch_state(sampler: Any) -> dict[str, Any]:
@@ -209,8 +213,9 @@ def packing(full: bool, run_case: Any, figures: Any) -> None:
                                 resumed["peak_mib_above_baseline"], f"{resumed['state_bytes']} B state"))  # fmt: skip
         figures.rows.append(Row(figure, name, "no anchor: pack the windows to the middle", resumed["rebuild_seconds"] * 1e3,
                                 "ms"))  # fmt: skip
-        figures.checks.append(Check(f"packing ({name}) resume at N/2 ≤ 10 ms + one window", f"{resumed['seconds'] * 1e3:.1f} ms",
-                                    resumed["seconds"] <= 0.050))  # fmt: skip
+        budget = 0.010 + resumed["window_seconds"]
+        figures.checks.append(Check(f"packing ({name}) resume at N/2 ≤ 10 ms + one window ({budget * 1e3:.1f} ms)",
+                                    f"{resumed['seconds'] * 1e3:.1f} ms", resumed["seconds"] <= budget))  # fmt: skip
     if full:
         measured = run("memory", size=10**8)
         extra = measured["peak_mib_above_baseline"] - measured["user_mib"]
