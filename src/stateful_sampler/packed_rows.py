@@ -13,28 +13,14 @@ from stateful_sampler.checks import check_bool, check_int
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.lengths import refuse_longer, token_lengths
 from stateful_sampler.order.rows import RowOrder, Slice
-from stateful_sampler.row_sampler import RowSampler
+from stateful_sampler.row_sampler import KeyedList, RowSampler
 
 DEFAULT_WINDOW = 4096
 
 
-class RowPlan(list):  # type: ignore[type-arg]
+class RowPlan(KeyedList):
     """A row: ``(record, start, stop)`` token slices adding up to at most ``seq_len`` tokens, and its
     ``SampleKey`` (``key.index`` is the row, ``key.is_padding`` marks a repeat that evens out ranks)."""
-
-    def __init__(self, slices: list[Slice], key: SampleKey) -> None:
-        super().__init__(slices)
-        self.key = key
-
-    @property
-    def is_padding(self) -> bool:
-        return self.key.is_padding
-
-    def __reduce__(self) -> Any:
-        return (RowPlan, (list(self), self.key))
-
-    def __repr__(self) -> str:
-        return f"RowPlan({list(self)!r}, key={self.key!r})"
 
 
 class PackedRows(RowSampler):
@@ -90,16 +76,7 @@ class PackedRows(RowSampler):
             truncate=truncate,
             name="packed-rows" if split_records else "packed-whole-rows",
         )
-        super().__init__(
-            len(array),
-            seed=seed,
-            num_replicas=num_replicas,
-            rank=rank,
-            tail=tail,
-            batch_size=batch_size,
-            yield_keys=True,
-            strategy=order,
-        )
+        super().__init__(order, num_replicas=num_replicas, rank=rank, tail=tail, batch_size=batch_size)
 
     def _item(self, key: SampleKey) -> RowPlan:
         return RowPlan(self.strategy.rows(key.epoch).row(key.index), key)

@@ -24,10 +24,43 @@ _FIELDS = ("version", "pass", "window", "start", "rows", "check")
 _IDENTITY = ("size", "seed", "strategy", "strategy_fingerprint")
 
 
+class KeyedList(list):  # type: ignore[type-arg]
+    """A row's (or batch's) items with the row's ``SampleKey``: ``key.index`` is the row within its epoch,
+    ``key.is_padding`` marks a repeat that only evens out the ranks. Pickles with its key (workers)."""
+
+    def __init__(self, items: list[Any], key: SampleKey) -> None:
+        super().__init__(items)
+        self.key = key
+
+    @property
+    def is_padding(self) -> bool:
+        return self.key.is_padding
+
+    def __reduce__(self) -> Any:
+        return (type(self), (list(self), self.key))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r}, key={self.key!r})"
+
+
 class RowSampler(StatefulSampler):
     """Yields ``self._item(key)`` for each row key; the state carries the anchor of its row."""
 
     strategy: RowOrder
+
+    def __init__(
+        self, order: RowOrder, *, num_replicas: int | None, rank: int | None, tail: str, batch_size: int | None
+    ) -> None:
+        super().__init__(
+            len(order.lengths),
+            seed=order.seed,
+            num_replicas=num_replicas,
+            rank=rank,
+            tail=tail,
+            batch_size=batch_size,
+            yield_keys=True,  # the keys carry each row's epoch, position and padding mark to ``_item``
+            strategy=order,
+        )
 
     def __iter__(self) -> Iterator[Any]:
         return map(self._item, super().__iter__())

@@ -16,26 +16,12 @@ from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.lengths import refuse_longer, token_lengths
 from stateful_sampler.order.rows import RowOrder
 from stateful_sampler.packed_rows import DEFAULT_WINDOW
-from stateful_sampler.row_sampler import RowSampler
+from stateful_sampler.row_sampler import KeyedList, RowSampler
 
 
-class Batch(list):  # type: ignore[type-arg]
+class Batch(KeyedList):
     """One batch's records (or their ``SampleKey`` s with ``yield_keys=True``) and the batch's own key:
     ``key.index`` is the batch within the epoch, ``key.is_padding`` marks a repeat that evens out ranks."""
-
-    def __init__(self, records: list[Any], key: SampleKey) -> None:
-        super().__init__(records)
-        self.key = key
-
-    @property
-    def is_padding(self) -> bool:
-        return self.key.is_padding
-
-    def __reduce__(self) -> Any:
-        return (Batch, (list(self), self.key))
-
-    def __repr__(self) -> str:
-        return f"Batch({list(self)!r}, key={self.key!r})"
 
 
 class TokenBudgetBatches(RowSampler):
@@ -85,16 +71,8 @@ class TokenBudgetBatches(RowSampler):
             padded=self.padded,
             name="token-budget",
         )
-        super().__init__(
-            len(array),
-            seed=seed,
-            num_replicas=num_replicas,
-            rank=rank,
-            tail=tail,
-            batch_size=1,  # one item is one batch: ResumableLoader counts batches as items
-            yield_keys=True,
-            strategy=order,
-        )
+        # one item is one batch: ResumableLoader counts batches as items
+        super().__init__(order, num_replicas=num_replicas, rank=rank, tail=tail, batch_size=1)
 
     def _item(self, key: SampleKey) -> Batch:
         records = self.strategy.rows(key.epoch).batch(key.index)
