@@ -225,3 +225,20 @@ def test_the_packing_audit_reports_each_epoch_s_efficiency_from_the_sampler_s_ro
     assert padded.cost >= padded.tokens and "padding within batches" in padded.summary()
     with pytest.raises(TypeError, match="use stateful_sampler.audit.audit_packing"):
         audit(ranks[0])
+
+
+def test_a_resume_into_a_later_epoch_never_walks_the_windows_of_the_epoch_the_sampler_was_in():
+    lengths = np.random.default_rng(5).integers(1, 60, 2000)
+    saving = PackedRows(lengths, 64, split_records=False, window=100, batch_size=4)
+    saving.set_epoch(2)
+    _, state = _consume(saving, 10, 4)
+    resumed = PackedRows(lengths, 64, split_records=False, window=100, batch_size=4)  # a fresh process
+    resumed.load_state_dict(state)
+    assert resumed.strategy.rows(0).starts.known_total() is None  # epoch 0 was never packed
+    assert resumed.epoch == 2 and next(iter(resumed)).key.index == 40
+    refused = PackedRows(lengths, 64, split_records=False, window=100, batch_size=4)
+    bad = json.loads(json.dumps(state))
+    bad["position"] = 10**9
+    with pytest.raises(IncompatibleStateError, match="position"):
+        refused.load_state_dict(bad)
+    assert refused.epoch == 0  # a refused state leaves the sampler where it was

@@ -10,6 +10,7 @@ order's identity, so a state is never read with another order's anchor.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Mapping
 from typing import Any, Iterator
@@ -18,6 +19,7 @@ from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.rows import RowOrder
 from stateful_sampler.sampler import StatefulSampler
+from stateful_sampler.state import SamplerState
 
 PACKING_VERSION = 1
 _FIELDS = ("version", "pass", "window", "start", "rows", "check")
@@ -91,9 +93,17 @@ class RowSampler(StatefulSampler):
         rows = self.strategy.rows(anchor["pass"])
         if anchor["window"] >= rows.starts.count:
             raise IncompatibleStateError("packing.window", anchor["window"], f"below {rows.starts.count} windows")
-        rows.starts.remember(anchor["window"], anchor["start"])
-        if anchor["rows"] is not None:
+        rows.starts.remember(anchor["window"], anchor["start"])  # a fact of this order (checked): kept even if
+        if anchor["rows"] is not None:  # the load below is refused
             rows.starts.remember(rows.starts.count, anchor["rows"])
+        # The sampler compares the state with its own, whose epoch length it computes: moved to the saved
+        # epoch first (whose length the anchor holds), it never walks the windows of the epoch it was in.
+        # A probe takes any refusal, so this sampler is untouched by a state it refuses.
+        epoch = SamplerState.from_dict(state).epoch
+        probe = copy.copy(self)
+        probe.set_epoch(epoch)
+        StatefulSampler.load_state_dict(probe, state)
+        self.set_epoch(epoch)
         super().load_state_dict(state)
 
     def _anchor(self, state: dict[str, Any]) -> dict[str, Any]:
