@@ -8,8 +8,8 @@ only, so a resume sorts at most one megabatch, and a pass keeps its last few sor
 Megabatches are counted in GLOBAL batches (per-rank batch times ranks), which the sampler it is given
 to knows: ``LengthGrouped(lengths)`` takes B x W from ``StatefulSampler(..., batch_size=B)`` on W ranks
 (``for_sampler``). A per-rank value passed by hand used to be accepted silently (on 8 ranks x 16,
-51% of padded tokens were padding against 8.1%); an explicit ``batch_size=`` is now only for a sampler without one, and one that contradicts the
-sampler's B x W is refused naming both. Rank r takes positions r, r + W, ..., so the ranks' batches of
+51% of padded tokens were padding against 8.1%); an explicit ``batch_size=`` is now only for a sampler
+without one, and one that contradicts the sampler's B x W is refused naming both. Rank r takes positions r, r + W, ..., so the ranks' batches of
 one step are strided slices of one global batch, which lies in one sorted megabatch: every rank's batch
 of a step has similar lengths. It shapes the order, so it is in the fingerprint: an elastic resume keeps
 the order when it keeps the global batch (2 ranks x 4 -> 4 ranks x 2).
