@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from time import perf_counter
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -126,7 +127,7 @@ def resume(size: int, split: bool) -> dict[str, Any]:
     from stateful_sampler import PackedRows
 
     lengths = lognormal_lengths(size)
-    make = lambda: PackedRows(lengths, SEQ_LEN, split_records=split, seed=3, batch_size=8)  # noqa: E731
+    make = lambda: PackedRows(lengths, SEQ_LEN, split_records=split, seed=3, batch_size=8)
     state = mid_epoch_state(make())
     middle = state["position"]
     started = perf_counter()
@@ -203,7 +204,9 @@ def packing(full: bool, run_case: Any, figures: Any) -> None:
     figure = "packing: seconds per row / batch of one epoch (set-up included), N=10^5"
     for name in ("rows-whole", "rows-split", "batches"):
         figures.rows.append(Row(figure, "per row", f"ours: {name}", costs[name] * 1e6, "us"))
-    figures.rows.append(Row(figure, "per row", "NumPy first-fit decreasing, per window", costs["numpy-ffd"] * 1e6, "us"))
+    figures.rows.append(
+        Row(figure, "per row", "NumPy first-fit decreasing, per window", costs["numpy-ffd"] * 1e6, "us")
+    )
     resume_size = 10**7 if full else 10**6
     for split in (False, True):
         resumed = run("resume", size=resume_size, split=split)
@@ -221,7 +224,9 @@ def packing(full: bool, run_case: Any, figures: Any) -> None:
         extra = measured["peak_mib_above_baseline"] - measured["user_mib"]
         figures.rows.append(Row("packing memory, N=10^8", "split", "ours", extra, "MiB",
                                 measured["peak_mib_above_baseline"], f"user's int32 lengths {measured['user_mib']:.0f} MiB"))  # fmt: skip
-        figures.checks.append(Check("packing memory beyond the lengths at 10^8 ≤ 64 MB", f"{extra:.0f} MiB", extra <= 64))
+        figures.checks.append(
+            Check("packing memory beyond the lengths at 10^8 ≤ 64 MB", f"{extra:.0f} MiB", extra <= 64)
+        )
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def _consume(sampler, steps, batch_size):
 )
 def test_a_resume_on_other_ranks_takes_each_remaining_row_once(lengths, split, w1, w2, b1, b2, window, data):
     seq_len = 32
-    kwargs = dict(split_records=split, window=window, seed=3)
+    kwargs = {"split_records": split, "window": window, "seed": 3}
     before = _ranks(lengths, seq_len, w1, batch_size=b1, **kwargs)
     steps = data.draw(st.integers(0, -(-len(before[0]) // b1)))
     consumed, states = [], []
@@ -90,8 +90,10 @@ def test_a_resume_on_other_ranks_takes_each_remaining_row_once(lengths, split, w
 
 @settings(max_examples=40, deadline=None)
 @given(lengths_lists, st.booleans(), st.integers(1, 3), st.integers(1, 3), st.integers(1, 10), st.data())
-def test_a_resume_on_the_same_ranks_yields_exactly_the_uninterrupted_plans(lengths, split, world_size, batch, window, data):
-    kwargs = dict(split_records=split, window=window, seed=11, batch_size=batch)
+def test_a_resume_on_the_same_ranks_yields_exactly_the_uninterrupted_plans(
+    lengths, split, world_size, batch, window, data
+):
+    kwargs = {"split_records": split, "window": window, "seed": 11, "batch_size": batch}
     for rank in range(world_size):
         uninterrupted = PackedRows(lengths, 32, num_replicas=world_size, rank=rank, **kwargs)
         whole = list(uninterrupted)
@@ -153,7 +155,10 @@ def test_carry_rolls_split_rows_into_the_next_epoch_and_whole_rows_refuse_it():
         (lambda: PackedRows([1.5], 8), "integer token counts"),
         (lambda: PackedRows([3, 2], 0), "seq_len must be at least 1, got 0"),
         (lambda: PackedRows([3, 2], 8, window=0), "window must be at least 1"),
-        (lambda: PackedRows([3, 20, 2, 30], 8, split_records=False), "record 3 has 30 tokens, more than seq_len=8 \\(2 records"),
+        (
+            lambda: PackedRows([3, 20, 2, 30], 8, split_records=False),
+            "record 3 has 30 tokens, more than seq_len=8 \\(2 records",
+        ),
         (lambda: PackedRows([3, 2], 8, truncate=True), "truncate=True applies to split_records=False only"),
         (lambda: PackedRows([3, 2], 8, seed=-1), "seed must be at least 0"),
     ],

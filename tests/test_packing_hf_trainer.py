@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 transformers = pytest.importorskip("transformers")
-import torch  # noqa: E402
+import torch
 
-from stateful_sampler import LengthGrouped, StatefulSampler, Weighted  # noqa: E402
-from stateful_sampler.hf_trainer import ResumableTrainer  # noqa: E402
+from stateful_sampler import LengthGrouped, StatefulSampler, Weighted
+from stateful_sampler.hf_trainer import ResumableTrainer
 
 LENGTHS = [1 + index * 7 % 13 for index in range(40)]
 

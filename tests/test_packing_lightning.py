@@ -22,7 +22,9 @@ class PackedModel(RecordingModel):
     split = False
 
     def _train_loader(self, size: int, seed: int) -> DataLoader:
-        rows = PackedRows(LENGTHS, 16, split_records=self.split, window=16, seed=seed, batch_size=self.setup_.batch_size)
+        rows = PackedRows(
+            LENGTHS, 16, split_records=self.split, window=16, seed=seed, batch_size=self.setup_.batch_size
+        )
         packed = PackedDataset(DOCUMENTS, rows)
         loader = DataLoader(packed, sampler=rows, batch_size=self.setup_.batch_size, collate_fn=packed.collate,
                             num_workers=self.setup_.num_workers)  # fmt: skip

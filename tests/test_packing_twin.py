@@ -27,7 +27,9 @@ class RestoredTwin(RuleBasedStateMachine):
     def build(self, lengths, kind, window, world_size, data):
         rank = data.draw(st.integers(0, world_size - 1))
         if kind == "budget":
-            self.make = lambda: TokenBudgetBatches(lengths, 40, window=window, num_replicas=world_size, rank=rank, seed=9)
+            self.make = lambda: TokenBudgetBatches(
+                lengths, 40, window=window, num_replicas=world_size, rank=rank, seed=9
+            )
         else:
             self.make = lambda: PackedRows(lengths, 24, split_records=kind == "split", window=window,
                                            num_replicas=world_size, rank=rank, seed=9, batch_size=2)  # fmt: skip

@@ -24,7 +24,9 @@ def _cost(lengths, batch, padded):
 
 @settings(max_examples=60, deadline=None)
 @given(lengths_lists, st.integers(30, 90), st.booleans(), st.integers(1, 4), st.integers(1, 30), st.integers(0, 2))
-def test_every_record_once_within_budget_and_one_batch_per_rank_per_step(lengths, budget, padded, world_size, window, epoch):
+def test_every_record_once_within_budget_and_one_batch_per_rank_per_step(
+    lengths, budget, padded, world_size, window, epoch
+):
     ranks = [TokenBudgetBatches(lengths, budget, padded=padded, window=window, num_replicas=world_size, rank=r)
              for r in range(world_size)]  # fmt: skip
     shares = []
@@ -44,7 +46,7 @@ def test_every_record_once_within_budget_and_one_batch_per_rank_per_step(lengths
 @settings(max_examples=50, deadline=None)
 @given(lengths_lists, st.booleans(), st.integers(1, 4), st.integers(1, 4), st.integers(1, 20), st.data())
 def test_a_resume_on_other_ranks_takes_each_remaining_batch_once(lengths, padded, w1, w2, window, data):
-    kwargs = dict(padded=padded, window=window, seed=5)
+    kwargs = {"padded": padded, "window": window, "seed": 5}
     before = [TokenBudgetBatches(lengths, 40, num_replicas=w1, rank=r, **kwargs) for r in range(w1)]
     steps = data.draw(st.integers(0, len(before[0])))
     taken, states = [], []

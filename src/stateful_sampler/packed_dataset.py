@@ -9,7 +9,9 @@ the ranks) has every label ``-100``. ``collate`` stacks rows to ``seq_len`` and 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,7 +19,6 @@ from torch.utils.data import Dataset
 
 from stateful_sampler.checks import check_choice, check_int
 from stateful_sampler.packed_rows import PackedRows, RowPlan
-from enum import Enum
 
 IGNORE = -100  # the label the loss skips (torch's and HF's default ignore_index)
 
@@ -50,7 +51,9 @@ class PackedDataset(Dataset):
 
     def __init__(self, dataset: Any, rows: PackedRows, *, attention: str = "varlen", pad_id: int = 0) -> None:
         if not isinstance(rows, PackedRows):
-            raise TypeError(f"rows must be the PackedRows sampler whose plans this dataset reads, got {type(rows).__name__}")
+            raise TypeError(
+                f"rows must be the PackedRows sampler whose plans this dataset reads, got {type(rows).__name__}"
+            )
         if len(dataset) != rows.size:
             raise ValueError(
                 f"lengths must have one entry per record of the dataset: the dataset has {len(dataset)} records, "

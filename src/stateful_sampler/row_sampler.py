@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.keys import SampleKey
@@ -81,7 +81,9 @@ class RowSampler(StatefulSampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, Mapping):
-            raise IncompatibleStateError("state", type(state).__name__, f"a dict from {type(self).__name__}.state_dict()")
+            raise IncompatibleStateError(
+                "state", type(state).__name__, f"a dict from {type(self).__name__}.state_dict()"
+            )
         state = dict(state)
         packing = state.pop("packing", "<missing>")
         mine = {"size": self.size, "seed": self.seed, "strategy": self.strategy.name}
@@ -111,7 +113,8 @@ class RowSampler(StatefulSampler):
         rows = self.strategy.rows(pass_index)
         window, start = rows.anchor(row)
         count = None if self.strategy.split else rows.count()
-        anchor = {"version": PACKING_VERSION, "pass": pass_index, "window": window, "start": start, "rows": count}
+        anchor: dict[str, Any] = {"version": PACKING_VERSION, "pass": pass_index, "window": window, "start": start}
+        anchor["rows"] = count
         anchor["check"] = _check(self._check_word(), anchor)
         return anchor
 

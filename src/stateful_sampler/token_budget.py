@@ -76,9 +76,9 @@ class TokenBudgetBatches(RowSampler):
 
     def _item(self, key: SampleKey) -> Batch:
         records = self.strategy.rows(key.epoch).batch(key.index)
-        if self.keyed:
-            records = [SampleKey(record, key.seed, key.epoch, key.position, key.is_padding) for record in records]
-        return Batch(records, key)
+        if not self.keyed:
+            return Batch(records, key)
+        return Batch([SampleKey(record, key.seed, key.epoch, key.position, key.is_padding) for record in records], key)
 
     def batch(self, epoch: int, index: int) -> list[int]:
         """Batch ``index`` of ``epoch`` (over all ranks), without moving the cursor."""

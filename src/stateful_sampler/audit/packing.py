@@ -72,5 +72,7 @@ def audit_packing(sampler: RowSampler, *, epochs: int = 1, start_epoch: int = 0)
             tokens += int(chosen.sum())
             cost += int(chosen.max()) * len(chosen) if order.padded else int(chosen.sum())
         steps = tuple(layout.local_before(rank) + layout.local_length(rank) for rank in range(layout.world_size))
-        found.append(PackingEpoch(epoch, int((~padding).sum()), int(padding.sum()), tokens, cost, order.capacity, steps))
+        found.append(
+            PackingEpoch(epoch, int((~padding).sum()), int(padding.sum()), tokens, cost, order.capacity, steps)
+        )
     return tuple(found)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import numpy as np
 
