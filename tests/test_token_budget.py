@@ -102,3 +102,27 @@ def test_yield_keys_marks_the_padding_batch_for_keyed_datasets():
 def test_bad_input_is_refused_naming_the_field(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+@pytest.mark.slow
+def test_two_workers_resume_the_exact_batches_through_resumable_loader():
+    lengths = np.random.default_rng(1).integers(1, 100, 1500)
+    data = [torch.full((int(n),), i) for i, n in enumerate(lengths)]
+
+    def loader():
+        batches = TokenBudgetBatches(lengths, 800, padded=False, seed=4, num_replicas=2, rank=1)
+        return ResumableLoader(DataLoader(data, batch_sampler=batches, num_workers=2, collate_fn=_first_tokens))
+
+    whole = list(loader())
+    first = loader()
+    iterator = iter(first)
+    head = [next(iterator) for _ in range(9)]  # the workers have prefetched beyond these
+    state = json.loads(json.dumps(first.state_dict()))
+    del iterator
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == whole
+
+
+def _first_tokens(items):
+    return [int(item[0]) for item in items]
