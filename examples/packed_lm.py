@@ -8,6 +8,7 @@ goes uninterrupted; a second is SIGKILLed after step 97, resumes from its checkp
 see the same rows in every batch and end with bitwise-identical weights.
 
     python examples/packed_lm.py [--split]     # --split: concatenate-and-cut rows (pre-training) instead
+    stateful-sampler verify --kill-at 50 -- python examples/packed_lm.py --child {run_dir}
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from stateful_sampler import PackedDataset, PackedRows, ResumableLoader
+from stateful_sampler.verify import record_weights
 
 VOCAB, SEQ_LEN, BATCH, DOCUMENTS = 64, 64, 8, 2000
 EPOCHS, SAVE_EVERY, KILL_AFTER = 2, 10, 97
@@ -103,6 +105,7 @@ def train(root: Path, split: bool, kill_after: int | None = None) -> None:
                 if step == kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)
     torch.save(model.state_dict(), root / "weights.pt")
+    record_weights(model)  # for `stateful-sampler verify -- python examples/packed_lm.py --child {run_dir}`
     tokens = sum(len(d) for d in docs)
     (root / "summary.json").write_text(json.dumps({"rows": rows.rows_in_epoch(0), "tokens": tokens}))
 
