@@ -10,8 +10,8 @@ still takes it, or opens a bin. What "room" means is the only difference between
   and every record asks for 1.
 
 Best fit keeps the open bins as a sorted list of rooms (``bisect``), O(log bins) to choose and a
-short memmove to update per record: about a microsecond per record in CPython. Full bins leave the
-list, so it holds only bins that can still take the shortest record.
+short memmove to update per record: a few microseconds per record in CPython (docs/packing.md). Full
+bins leave the list, so it holds only bins that can still take the shortest record.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ windows (``windows.py``):
 - ``split=False`` (fine-tuning, ``pack``; token-budget batches): each window's records are packed
   whole by best-fit decreasing (``packing.py``), and the window's bins, in an order drawn from
   (seed, pass, window), are its rows. A window's row count is known only once it is packed, so the
-  pass's row count is a walk over all its windows: paid once per pass (about a microsecond per
+  pass's row count is a walk over all its windows: paid once per pass (a few microseconds per
   record), or read from a saved state, which carries it.
 
 The sampler strides through rows exactly as through records, so tails, ranks, elastic resume and
