@@ -11,13 +11,17 @@ from stateful_sampler.order.policies import Order, Tail
 from stateful_sampler.order.strategy import Strategy, Uniform
 from stateful_sampler.order.stratified import Stratified
 from stateful_sampler.order.weighted import Weighted
+from stateful_sampler.packed_dataset import PackedDataset
+from stateful_sampler.packed_rows import PackedRows, RowPlan
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.seeding import GlobalRNGThreadError, SampleRNG, SeededDataset, seed_worker
 from stateful_sampler.state import SamplerState
+from stateful_sampler.token_budget import Batch, TokenBudgetBatches
 
 __version__ = "0.2.0"
 
 __all__ = [
+    "Batch",
     "Curriculum",
     "GlobalRNGThreadError",
     "Grouped",
@@ -26,6 +30,9 @@ __all__ = [
     "LengthGrouped",
     "Mixture",
     "Order",
+    "PackedDataset",
+    "PackedRows",
+    "RowPlan",
     "ResumableLoader",
     "SampleKey",
     "SampleRNG",
@@ -35,6 +42,7 @@ __all__ = [
     "Strategy",
     "Stratified",
     "Tail",
+    "TokenBudgetBatches",
     "Uniform",
     "Weighted",
     "seed_worker",

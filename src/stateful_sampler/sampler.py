@@ -168,6 +168,7 @@ class StatefulSampler(DistributedSampler):
                 f"use order='fast' (O(block) memory)"
             )
         self.strategy = _checked_strategy(strategy, self.size, self.shuffle, self.order, self.tail)
+        self.strategy = self.strategy.for_sampler(self.batch_size, self.num_replicas)
         self._records = StreamRecords(self.strategy, self.order, self.seed, self.size)
         self._cursor = _Cursor(epoch=0, position=0, carry_start=0)
         self._pass: _Pass | None = None
@@ -195,9 +196,11 @@ class StatefulSampler(DistributedSampler):
         world_size, rank = self.num_replicas, self.rank
         if rank >= world_size:
             raise ValueError(f"rank must lie in [0, num_replicas) = [0, {world_size}), got {rank}")
+        if self.tail is not Tail.DROP:
+            return  # only drop needs the pass's length here (a packed pass's is a walk over its windows)
         for epoch in passes if passes is not None else (self._cursor.epoch,):
             length = self._records.pass_length(epoch)
-            if self.tail is Tail.DROP and 0 < length < world_size:
+            if 0 < length < world_size:
                 raise ValueError(
                     f"tail='drop' with {length} records on num_replicas={world_size} ranks would drop every record "
                     f"(epoch {epoch}): use tail='pad' or 'uneven', or fewer ranks"
