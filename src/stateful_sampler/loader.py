@@ -307,7 +307,7 @@ class ResumableLoader:
     def _sampler_state(self, current: _LoaderPass) -> dict[str, Any]:
         sampler = self.sampler
         local = min(current.consumed * self._records_per_batch, sampler._current_pass().layout.local_length(sampler.rank))
-        return sampler._state(sampler._cursor_after_local(local)).to_dict()
+        return sampler._saved_state(sampler._cursor_after_local(local))
 
     # -- state
 

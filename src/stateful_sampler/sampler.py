@@ -456,7 +456,7 @@ class StatefulSampler(DistributedSampler):
         """
         current = self._pass
         if consumed_batches is None:
-            return self._state(self._consumed_cursor()).to_dict()
+            return self._saved_state(self._consumed_cursor())
         if self.batch_size is None:
             raise ValueError("state_dict(consumed_batches=...) needs StatefulSampler(..., batch_size=B)")
         local_length = self._current_pass().layout.local_length(self.rank)
@@ -468,7 +468,12 @@ class StatefulSampler(DistributedSampler):
                 f"({local_length} indices in batches of {self.batch_size}), got {consumed}: count the batches "
                 f"of this pass over the loader, not a global step"
             )
-        return self._state(self._cursor_after_local(consumed * self.batch_size)).to_dict()
+        return self._saved_state(self._cursor_after_local(consumed * self.batch_size))
+
+    def _saved_state(self, cursor: _Cursor) -> dict[str, Any]:
+        """The state dict saved at ``cursor``: the one place a saved state is made, so a subclass that
+        saves more (a row sampler's anchor) saves it through ``ResumableLoader`` too."""
+        return self._state(cursor).to_dict()
 
     def _current_pass(self) -> _Pass:
         """The pass under way (or ended), else the one the cursor would start."""
