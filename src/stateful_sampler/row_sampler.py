@@ -74,8 +74,8 @@ class RowSampler(StatefulSampler):
         """Rows (or batches) of an epoch over all ranks, before padding."""
         return self.strategy.rows(self.epoch if epoch is None else epoch).count()
 
-    def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
-        state = super().state_dict(consumed_batches)
+    def _saved_state(self, cursor: Any) -> dict[str, Any]:
+        state = super()._saved_state(cursor)
         state["packing"] = self._anchor(state)
         return state
 
