@@ -32,12 +32,18 @@ def _tokens(plans, lengths):
 @given(lengths_lists, st.integers(30, 60), st.integers(1, 4), st.booleans(), st.integers(1, 40), st.integers(0, 2))
 def test_every_token_once_per_epoch_over_ranks_in_equal_steps(lengths, seq_len, world_size, split, window, epoch):
     ranks = _ranks(lengths, seq_len, world_size, split_records=split, window=window, seed=7)
-    shares = []
+    shares, announced = [], []
     for sampler in ranks:
         sampler.set_epoch(epoch)
+        announced.append(len(sampler))
         shares.append(list(sampler))
     assert len({len(share) for share in shares}) == 1  # equal steps
-    assert [len(sampler) for sampler in ranks] == [len(share) for share in shares]
+    assert announced == [len(share) for share in shares]
+    # a pass that ended says the next epoch's length, as a sampler restored from its state does
+    following = _ranks(lengths, seq_len, world_size, split_records=split, window=window, seed=7)
+    for sampler in following:
+        sampler.set_epoch(epoch + 1)
+    assert [len(sampler) for sampler in ranks] == [len(sampler) for sampler in following]
     plans = [plan for share in shares for plan in share]
     assert all((tokens == 1).all() for tokens in _tokens(plans, lengths))
     assert all(sum(stop - start for _, start, stop in plan) <= seq_len for plan in plans)

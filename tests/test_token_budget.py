@@ -29,12 +29,19 @@ def test_every_record_once_within_budget_and_one_batch_per_rank_per_step(
 ):
     ranks = [TokenBudgetBatches(lengths, budget, padded=padded, window=window, num_replicas=world_size, rank=r)
              for r in range(world_size)]  # fmt: skip
-    shares = []
+    shares, announced = [], []
     for sampler in ranks:
         sampler.set_epoch(epoch)
+        announced.append(len(sampler))
         shares.append(list(sampler))
     assert len({len(share) for share in shares}) == 1
-    assert [len(share) for share in shares] == [len(sampler) for sampler in ranks]
+    assert [len(share) for share in shares] == announced
+    # a pass that ended says the next epoch's length, as a sampler restored from its state does
+    following = [TokenBudgetBatches(lengths, budget, padded=padded, window=window, num_replicas=world_size, rank=r)
+                 for r in range(world_size)]  # fmt: skip
+    for sampler in following:
+        sampler.set_epoch(epoch + 1)
+    assert [len(sampler) for sampler in ranks] == [len(sampler) for sampler in following]
     batches = [batch for share in shares for batch in share]
     assert all(_cost(lengths, batch, padded) <= budget for batch in batches)
     assert sorted(r for batch in batches if not batch.is_padding for r in batch) == list(range(len(lengths)))
