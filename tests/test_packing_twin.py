@@ -13,8 +13,9 @@ that saw its end has no twin: the twin's pass is the live sampler's next ``iter`
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from hypothesis import assume, settings
 from hypothesis import strategies as st
@@ -25,7 +26,7 @@ from stateful_sampler.row_sampler import RowSampler
 from tests.test_twin_sampler import SamplerTwins
 from tests.twin_helpers import outcome
 
-EXAMPLES = int(os.environ.get("TWIN_PACKING_EXAMPLES", 300))
+EXAMPLES = int(os.environ.get("TWIN_PACKING_EXAMPLES", "300"))
 
 
 class KeyedView:
