@@ -291,9 +291,6 @@ class ResumableLoader:
         if current is None:
             self.sampler._settle_pass()  # a pass that ended is done with: the next one starts at the cursor
             return
-        if self.batches_per_epoch is not None and current.consumed >= current.batches:
-            self.sampler.set_epoch(current.epoch + 1)  # the capped epoch ended with its last batch
-            return
         if current.epoch == self.sampler.epoch or self.sampler._pass is not None:
             self.sampler.load_state_dict(self._sampler_state(current))
 
