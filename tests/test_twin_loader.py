@@ -100,14 +100,15 @@ class LoaderTwins(RuleBasedStateMachine):
         return slot
 
     def _take(self, slot: Slot, count: int) -> None:
-        if slot.mode == PENDING:
-            slot.twin, slot.mode = [iter(loader) for loader in self.twin], REAL  # type: ignore[union-attr]
+        if slot.mode == PENDING:  # a rank whose live iterator saw its end has no twin (its next iter() is)
+            slot.twin = [None if stopped else iter(loader) for loader, stopped in zip(self.twin, slot.stopped)]  # type: ignore[arg-type]
+            slot.mode = REAL
             self.fresh = False
         for rank, iterator in enumerate(slot.live):
             items, stopped, error = take(iterator, count)
             got = (as_lists(items), stopped, error)
             slot.stopped[rank] = slot.stopped[rank] or stopped
-            if slot.mode == REAL:
+            if slot.mode == REAL and slot.twin[rank] is not None:  # type: ignore[index]
                 items, stopped, error = take(slot.twin[rank], count)  # type: ignore[index]
                 assert (as_lists(items), stopped, error) == got, (rank, self.log)
 
@@ -180,7 +181,7 @@ class LoaderTwins(RuleBasedStateMachine):
             loader.load_state_dict(state[1])
         self.twin, self.fresh = twin, True
         for slot in self.slots:
-            newest = slot.serial == self.serial and not any(slot.stopped)
+            newest = slot.serial == self.serial and not all(slot.stopped)
             slot.mode, slot.twin = (PENDING if newest else NO_TWIN), None
 
     @invariant()
