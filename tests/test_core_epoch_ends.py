@@ -211,6 +211,27 @@ def test_batches_per_epoch_moves_on_without_set_epoch() -> None:
     assert [batches(loader) for _ in range(3)] == [whole()[e][:2] for e in range(3)]
 
 
+def test_a_capped_epoch_taken_to_its_cap_without_asking_past_it_resumes_as_the_live_loader_goes_on() -> None:
+    # islice / zip(range(len(loader)), loader): the cap's batches taken, the loop never asks for the next
+    live = loader_of(batches_per_epoch=2)
+    assert batches(itertools.islice(live, 2)) == whole()[0][:2]
+    twin = restored(live, batches_per_epoch=2)
+    # as without a cap: nothing more of epoch 0, then epoch 1 (the README loop's set_epoch skips the empty pass)
+    assert [batches(live), batches(live)] == [batches(twin), batches(twin)] == [[], whole()[1][:2]]
+
+
+def test_a_capped_epoch_with_no_batch_on_one_rank_leaves_every_rank_in_the_same_epoch() -> None:
+    # rank 1 holds no record of N=1; zip(range(len(loader)), loader) never starts its pass
+    ranks = [loader_of(1, 1, num_replicas=2, rank=rank, tail="uneven", batches_per_epoch=1) for rank in range(2)]
+    for loader in ranks:
+        list(zip(range(len(loader)), loader))
+    twins = [restored(loader, 1, 1, num_replicas=2, rank=rank, tail="uneven", batches_per_epoch=1)
+             for rank, loader in enumerate(ranks)]  # fmt: skip
+    for loader in ranks + twins:
+        iter(loader)
+    assert [loader.epoch for loader in ranks] == [loader.epoch for loader in twins] == [0, 0]
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_len_after_a_mid_epoch_resume_is_the_batches_left_in_the_pass(workers: int) -> None:
     loader = loader_of(workers=workers)

@@ -148,14 +148,16 @@ def test_a_state_of_another_global_batch_or_megabatch_is_refused_by_the_fingerpr
     lengths = np.arange(30) % 7
     state = StatefulSampler(30, strategy=LengthGrouped(lengths, batch_size=4), batch_size=4).state_dict()
     for other in (
-        LengthGrouped(lengths, batch_size=8),
-        LengthGrouped(lengths, batch_size=4, megabatch=49),
+        LengthGrouped(lengths, megabatch=49),
         LengthGrouped(lengths, batch_size=4, longest_first=True),
         LengthGrouped(lengths + 1, batch_size=4),
     ):
         with pytest.raises(IncompatibleStateError) as caught:
             StatefulSampler(30, strategy=other, batch_size=4).load_state_dict(state)
         assert caught.value.field == "strategy_fingerprint"
+    with pytest.raises(IncompatibleStateError) as caught:  # another global batch: taken from the sampler
+        StatefulSampler(30, strategy=LengthGrouped(lengths), batch_size=8).load_state_dict(state)
+    assert caught.value.field == "strategy_fingerprint"
 
 
 @pytest.mark.parametrize(
@@ -179,5 +181,5 @@ def test_bad_arguments_are_refused_naming_the_argument(
 def test_lengths_of_the_wrong_length_are_refused_by_the_sampler() -> None:
     with pytest.raises(ValueError, match=re.escape("lengths must have one entry per record: length 5, got 4")):
         StatefulSampler(5, strategy=LengthGrouped([1, 2, 3, 4], batch_size=2))
-    with pytest.raises(TypeError, match="batch_size"):
-        LengthGrouped([1, 2])  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="batch_size"):  # the global batch is taken from the sampler, which has none
+        StatefulSampler(2, strategy=LengthGrouped([1, 2]))

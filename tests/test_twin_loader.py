@@ -113,7 +113,7 @@ class LoaderTwins(RuleBasedStateMachine):
         return slot
 
     def _take(self, slot: Slot, count: int) -> None:
-        if slot.mode == PENDING:
+        if slot.mode == PENDING:  # a rank whose live iterator saw its end has no twin (its next iter() is)
             slot.twin = [None if stopped else iter(loader) for loader, stopped in zip(self.twin, slot.stopped)]  # type: ignore[arg-type]
             slot.mode = REAL
             self.fresh = False

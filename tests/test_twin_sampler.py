@@ -7,9 +7,10 @@ rule each rank's ``len``, ``remaining_length``, ``indices``, ``epoch`` and ``sta
 as must everything both yield. Every strategy and tail, W from 1 to 4.
 
 The live iterator under way at a save is the one a resumed process replaces by its first ``iter``:
-the twin's first ``next`` on that pass opens it. Iterators older than the newest at a save have no
-twin (a resumed process cannot hold them): they keep running on the live side, and must not move
-the state the twin agrees with.
+the twin's first ``next`` on that pass opens it, on every rank whose live iterator has not seen its
+end (one that has is over: that rank's twin pass is its next ``iter``, as after the loop). Iterators
+older than the newest at a save have no twin (a resumed process cannot hold them): they keep running
+on the live side, and must not move the state the twin agrees with.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class SamplerTwins(RuleBasedStateMachine):
         """``next()`` ``count`` times on one iterator, on every rank of both."""
         slot = self.slots[min(which, len(self.slots) - 1)]
         self._note(f"next x{count} on slot {self.slots.index(slot)}")
-        if slot.mode == PENDING:
+        if slot.mode == PENDING:  # a rank whose live iterator saw its end has no twin (its next iter() is)
             slot.twin = [None if stopped else iter(sampler) for sampler, stopped in zip(self.twin, slot.stopped)]  # type: ignore[arg-type]
             slot.mode = REAL
         for rank, iterator in enumerate(slot.live):

@@ -19,6 +19,8 @@ from stateful_sampler.order.policies import Order, Tail
 from stateful_sampler.order.strategy import Strategy, Uniform
 from stateful_sampler.order.stratified import Stratified
 from stateful_sampler.order.weighted import Weighted
+from stateful_sampler.packed_dataset import PackedDataset
+from stateful_sampler.packed_rows import PackedRows, RowPlan
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.seeding import (
     GlobalRNGThreadError,
@@ -29,10 +31,12 @@ from stateful_sampler.seeding import (
     seed_worker,
 )
 from stateful_sampler.state import SamplerState
+from stateful_sampler.token_budget import Batch, TokenBudgetBatches
 
 __version__ = "0.2.0"
 
 __all__ = [
+    "Batch",
     "Curriculum",
     "DoubleShardingError",
     "GlobalRNGThreadError",
@@ -42,7 +46,10 @@ __all__ = [
     "LengthGrouped",
     "Mixture",
     "Order",
+    "PackedDataset",
+    "PackedRows",
     "PrefetchedStateError",
+    "RowPlan",
     "ResumableLoader",
     "SampleKey",
     "SampleRNG",
@@ -56,6 +63,7 @@ __all__ = [
     "Strategy",
     "Stratified",
     "Tail",
+    "TokenBudgetBatches",
     "Uniform",
     "Weighted",
     "capture_rng_states",

@@ -22,6 +22,8 @@ from torch.utils.data import Dataset
 
 from stateful_sampler.extras import missing_extra
 from stateful_sampler.loader import ResumableLoader
+from stateful_sampler.order.length_grouped import LengthGrouped
+from stateful_sampler.order.strategy import Strategy
 from stateful_sampler.sampler import StatefulSampler
 
 try:
@@ -37,7 +39,9 @@ class ResumableTrainer(Trainer):
     """A ``Trainer`` whose train data order is a ``StatefulSampler``'s, resumed exactly and in O(1).
 
     The sampler's seed is ``args.data_seed`` (else ``args.seed``). ``args.ignore_data_skip`` is set:
-    the restored position replaces the Trainer's fast-forward.
+    the restored position replaces the Trainer's fast-forward. ``strategy=`` orders the data with any
+    strategy (weighted, stratified, mixture, ...); ``train_sampling_strategy="group_by_length"`` uses
+    ``LengthGrouped`` over HF's lengths, grouped by the global batch.
 
     Example::
 
@@ -45,14 +49,20 @@ class ResumableTrainer(Trainer):
         trainer.train(resume_from_checkpoint=True)   # starts at the saved position: no batch is replayed
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, strategy: Strategy | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        strategy = getattr(self.args, "train_sampling_strategy", "random")
-        if strategy != "random":
+        sampling = getattr(self.args, "train_sampling_strategy", "random")
+        if sampling not in ("random", "group_by_length"):
             raise ValueError(
                 f"ResumableTrainer orders the train data with a StatefulSampler: train_sampling_strategy must be "
-                f"'random' (the default), got {strategy!r}"
+                f"'random' (the default) or 'group_by_length', got {sampling!r}"
             )
+        if sampling == "group_by_length" and strategy is not None:
+            raise ValueError(
+                f"train_sampling_strategy='group_by_length' and strategy={strategy!r} both order the data: "
+                f"pass one of them (LengthGrouped(lengths) is what group_by_length uses)"
+            )
+        self.strategy = strategy
         self.args.ignore_data_skip = True
         self._train_loader: ResumableLoader | None = None
         self._restored_state: dict[str, Any] | None = None
@@ -74,8 +84,20 @@ class ResumableTrainer(Trainer):
     def _get_train_sampler(self, train_dataset: Dataset | None = None) -> StatefulSampler:
         dataset = self.train_dataset if train_dataset is None else train_dataset
         seed = self.args.seed if self.args.data_seed is None else self.args.data_seed
+        strategy = self.strategy
+        if getattr(self.args, "train_sampling_strategy", "random") == "group_by_length":
+            strategy = LengthGrouped(self._lengths(dataset))  # the global batch comes from the sampler
         # the Trainer refuses a missing train_dataset before it asks for a sampler; torch types Dataset without __len__
-        return StatefulSampler(cast(Sized, dataset), seed=seed, batch_size=self._train_batch_size)
+        return StatefulSampler(cast(Sized, dataset), seed=seed, batch_size=self._train_batch_size, strategy=strategy)
+
+    def _lengths(self, dataset: Any) -> list[int]:
+        """Per-record lengths as HF's group_by_length takes them: the ``length_column_name`` column of a
+        ``datasets.Dataset``, else the length of each record's first model input (``input_ids``)."""
+        column = self.args.length_column_name
+        if column in (getattr(dataset, "column_names", None) or ()):
+            return list(dataset[column])
+        names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]
+        return [len(dataset[index][names[0]]) for index in range(len(dataset))]
 
     def get_train_dataloader(self) -> ResumableLoader:  # type: ignore[override]
         prepared = super().get_train_dataloader()

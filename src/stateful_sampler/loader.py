@@ -291,9 +291,6 @@ class ResumableLoader:
         if current is None:
             self.sampler._settle_pass()  # a pass that ended is done with: the next one starts at the cursor
             return
-        if self.batches_per_epoch is not None and current.consumed >= current.batches:
-            self.sampler.set_epoch(current.epoch + 1)  # the capped epoch ended with its last batch
-            return
         if current.epoch == self.sampler.epoch or self.sampler._pass is not None:
             self.sampler.load_state_dict(self._sampler_state(current))
 
@@ -307,7 +304,7 @@ class ResumableLoader:
     def _sampler_state(self, current: _LoaderPass) -> dict[str, Any]:
         sampler = self.sampler
         local = min(current.consumed * self._records_per_batch, sampler._current_pass().layout.local_length(sampler.rank))
-        return sampler._state(sampler._cursor_after_local(local)).to_dict()
+        return sampler._saved_state(sampler._cursor_after_local(local))
 
     # -- state
 

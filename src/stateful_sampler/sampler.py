@@ -169,6 +169,7 @@ class StatefulSampler(DistributedSampler):
                 f"use order='fast' (O(block) memory)"
             )
         self.strategy = _checked_strategy(strategy, self.size, self.shuffle, self.order, self.tail)
+        self.strategy = self.strategy.for_sampler(self.batch_size, self.num_replicas)
         self._records = StreamRecords(self.strategy, self.order, self.seed, self.size)
         self._cursor = _Cursor(epoch=0, position=0, carry_start=0)
         self._pass: _Pass | None = None
@@ -196,9 +197,11 @@ class StatefulSampler(DistributedSampler):
         world_size, rank = self.num_replicas, self.rank
         if rank >= world_size:
             raise ValueError(f"rank must lie in [0, num_replicas) = [0, {world_size}), got {rank}")
+        if self.tail is not Tail.DROP:
+            return  # only drop needs the pass's length here (a packed pass's is a walk over its windows)
         for epoch in passes if passes is not None else (self._cursor.epoch,):
             length = self._records.pass_length(epoch)
-            if self.tail is Tail.DROP and 0 < length < world_size:
+            if 0 < length < world_size:
                 raise ValueError(
                     f"tail='drop' with {length} records on num_replicas={world_size} ranks would drop every record "
                     f"(epoch {epoch}): use tail='pad' or 'uneven', or fewer ranks"
@@ -453,7 +456,7 @@ class StatefulSampler(DistributedSampler):
         ``batch_size``, and k may not pass the pass's last batch.
         """
         if consumed_batches is None:
-            return self._state(self._consumed_cursor()).to_dict()
+            return self._saved_state(self._consumed_cursor())
         if self.batch_size is None:
             raise ValueError("state_dict(consumed_batches=...) needs StatefulSampler(..., batch_size=B)")
         local_length = self._current_pass().layout.local_length(self.rank)
@@ -465,7 +468,12 @@ class StatefulSampler(DistributedSampler):
                 f"({local_length} indices in batches of {self.batch_size}), got {consumed}: count the batches "
                 f"of this pass over the loader, not a global step"
             )
-        return self._state(self._cursor_after_local(consumed * self.batch_size)).to_dict()
+        return self._saved_state(self._cursor_after_local(consumed * self.batch_size))
+
+    def _saved_state(self, cursor: _Cursor) -> dict[str, Any]:
+        """The state dict saved at ``cursor``: the one place a saved state is made, so a subclass that
+        saves more (a row sampler's anchor) saves it through ``ResumableLoader`` too."""
+        return self._state(cursor).to_dict()
 
     def _current_pass(self) -> _Pass:
         """The pass under way (or ended), else the one the cursor would start."""

@@ -64,8 +64,9 @@ def test_gradient_accumulation_that_does_not_divide_the_epoch_is_refused(tmp_pat
 
 
 def test_another_train_sampling_strategy_is_refused_rather_than_silently_replaced(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"train_sampling_strategy must be 'random' \(the default\), got 'group_by_length'"):
-        tiny_trainer(tmp_path, train_sampling_strategy="group_by_length")
+    with pytest.raises(ValueError, match=r"train_sampling_strategy must be 'random' \(the default\) or "
+                       r"'group_by_length', got 'sequential'"):  # fmt: skip
+        tiny_trainer(tmp_path, train_sampling_strategy="sequential")
 
 
 EPOCH_END_RUN = ["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "tests/integrations/hf_epoch_end_run.py"]

@@ -7,6 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from stateful_sampler.checks import check_int
+from stateful_sampler.row_sampler import RowSampler
+
 from stateful_sampler.audit.composition import FIRST_BATCHES, Labels, compose
 from stateful_sampler.audit.epochs import EpochRecords, count_epoch
 from stateful_sampler.audit.feed import epoch_feed
@@ -44,6 +47,11 @@ def audit(
     ``before``, when given, is called with the number of occurrences to be fed once the arguments
     are checked and before the work starts (the command line prints its estimate from it).
     """
+    if isinstance(sampler_or_config, RowSampler):
+        raise TypeError(
+            f"audit counts records per batch; a {type(sampler_or_config).__name__} yields rows: use "
+            f"stateful_sampler.audit.audit_packing(sampler) for its packing efficiency per epoch"
+        )
     settings, samplers, occurrences = rank_samplers(
         sampler_or_config,
         batch_size=batch_size,

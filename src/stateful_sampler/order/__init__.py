@@ -7,7 +7,9 @@ from stateful_sampler.order.length_grouped import LengthGrouped
 from stateful_sampler.order.mixing import Domain, derive_seed
 from stateful_sampler.order.mixture import Mixture
 from stateful_sampler.order.permutation import FeistelPermutation
+from stateful_sampler.order.packing import pack_window
 from stateful_sampler.order.policies import Order, Tail
+from stateful_sampler.order.rows import RowOrder
 from stateful_sampler.order.shards import ShardedShuffle
 from stateful_sampler.order.strategy import Strategy, Uniform
 from stateful_sampler.order.stratified import Stratified
@@ -22,6 +24,7 @@ __all__ = [
     "LengthGrouped",
     "Mixture",
     "Order",
+    "RowOrder",
     "ShardedShuffle",
     "Strategy",
     "Stratified",
@@ -30,4 +33,5 @@ __all__ = [
     "Weighted",
     "carry_epoch_start",
     "derive_seed",
+    "pack_window",
 ]

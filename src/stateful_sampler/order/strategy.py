@@ -48,6 +48,11 @@ class Strategy(ABC):
     def pass_order(self, size: int, seed: int, pass_index: int) -> PassOrder:
         """The records at positions of one pass; set-up cost is paid here, once per pass."""
 
+    def for_sampler(self, batch_size: int | None, world_size: int) -> Strategy:
+        """This strategy as the sampler that orders with it uses it: a strategy that needs a value the
+        sampler holds (the global batch) takes it here instead of asking the user twice."""
+        return self
+
     def mismatch_hint(self) -> str:
         """Advice appended when a state of this strategy is refused for another size or fingerprint."""
         return ""

@@ -1,0 +1,233 @@
+"""Issue 19: packing and token-budget batches, side by side with the usual ways on the same log-normal lengths.
+
+- waste: ours (``PackedRows(split_records=False)``, ``TokenBudgetBatches``) against global first-fit
+  decreasing, ``DataCollatorWithFlattening``-style greedy packing (next fit in the shuffled order) and HF's
+  ``LengthGroupedSampler`` (fixed batch, padded to the longest);
+- cost per row / per batch of a whole epoch through our sampler against a NumPy first-fit packer;
+- resume at the middle of an epoch against rebuilding the packing from the start;
+- peak memory beyond the user's lengths array.
+
+Each case runs in a fresh interpreter (``python -m benchmarks.cases_packing CASE JSON``), so its peak RSS is
+its own (``benchmarks/isolated.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+
+from benchmarks import isolated
+
+SEQ_LEN = 2048
+
+
+def lognormal_lengths(size: int, dtype: Any = np.int64) -> np.ndarray:
+    """Token counts of fine-tuning examples: log-normal (median e^5 = 148, mean ~245), clipped to [1, 2048]."""
+    rng = np.random.default_rng(0)
+    out = np.empty(size, dtype=dtype)
+    for start in range(0, size, 1 << 22):  # in chunks: no float64 array of N at 10^8
+        stop = min(start + (1 << 22), size)
+        out[start:stop] = np.clip(rng.lognormal(5.0, 1.0, stop - start), 1, SEQ_LEN)
+    return out
+
+
+def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> int:
+    """Global FFD, the usual NumPy way: longest first, each into the first bin with room. Returns the bins."""
+    rooms = np.empty(0, dtype=np.int64)
+    for length in np.sort(lengths)[::-1].tolist():
+        fits = np.flatnonzero(rooms >= length)
+        if fits.size:
+            rooms[fits[0]] -= length
+        else:
+            rooms = np.append(rooms, capacity - length)
+    return len(rooms)
+
+
+def next_fit(lengths: np.ndarray, capacity: int) -> int:
+    """Greedy packing in the given order (``DataCollatorWithFlattening`` fed consecutive examples until full)."""
+    bins, room = 0, 0
+    for length in lengths.tolist():
+        if length > room:
+            bins, room = bins + 1, capacity
+        room -= length
+    return bins
+
+
+def hf_padding_waste(lengths: np.ndarray, batch_size: int) -> float:
+    """Padding share of HF's LengthGroupedSampler batches (each padded to its longest record)."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    torch.manual_seed(0)
+    order = np.fromiter(LengthGroupedSampler(batch_size, lengths=lengths.tolist()), dtype=np.int64)
+    return _padding_waste(lengths[order], batch_size)
+
+
+def _padding_waste(ordered: np.ndarray, batch_size: int) -> float:
+    steps = -(-len(ordered) // batch_size)
+    grid = np.zeros(steps * batch_size, dtype=np.int64)
+    grid[: len(ordered)] = ordered
+    grid = grid.reshape(steps, batch_size)
+    counts = (grid > 0).sum(1)
+    padded = int((grid.max(1) * counts).sum())
+    return 1 - int(ordered.sum()) / padded
+
+
+def waste(size: int, max_tokens: int, batch_size: int) -> dict[str, Any]:
+    from stateful_sampler import PackedRows, TokenBudgetBatches
+    from stateful_sampler.audit import audit_packing
+
+    lengths = lognormal_lengths(size)
+    tokens = int(lengths.sum())
+    ours = PackedRows(lengths, SEQ_LEN, split_records=False, seed=1).rows_in_epoch(0)
+    shuffled = lengths[np.random.default_rng(1).permutation(size)]
+    budget = audit_packing(TokenBudgetBatches(lengths, max_tokens, seed=1))[0]
+    return {
+        "rows": {"ours": tokens / (SEQ_LEN * ours), "ffd": tokens / (SEQ_LEN * first_fit_decreasing(lengths, SEQ_LEN)),
+                 "greedy": tokens / (SEQ_LEN * next_fit(shuffled, SEQ_LEN))},
+        "padding": {"ours": 1 - budget.tokens / budget.cost, "hf": hf_padding_waste(lengths, batch_size),
+                    "random": _padding_waste(shuffled, batch_size)},
+        "budget_use": budget.cost / (max_tokens * budget.rows),
+    }  # fmt: skip
+
+
+def cost(size: int) -> dict[str, Any]:
+    """Seconds per row (per batch) of one whole epoch through our samplers, set-up included, and of the
+    NumPy first-fit packer over the same windows (the usual packer, run window by window so it is comparable)."""
+    from stateful_sampler import PackedRows, TokenBudgetBatches
+
+    lengths = lognormal_lengths(size)
+    result: dict[str, Any] = {}
+    for name, make in (
+        ("rows-whole", lambda: PackedRows(lengths, SEQ_LEN, split_records=False, seed=2)),
+        ("rows-split", lambda: PackedRows(lengths, SEQ_LEN, seed=2)),
+        ("batches", lambda: TokenBudgetBatches(lengths, 16384, seed=2)),
+    ):
+        sampler = make()
+        started = perf_counter()
+        count = sum(1 for _ in sampler)
+        result[name] = (perf_counter() - started) / count
+    started = perf_counter()
+    bins = 0
+    order = np.random.default_rng(2).permutation(size)
+    for start in range(0, size, 4096):
+        bins += first_fit_decreasing(lengths[order[start : start + 4096]], SEQ_LEN)
+    result["numpy-ffd"] = (perf_counter() - started) / bins
+    return result
+
+
+def resume(size: int, split: bool) -> dict[str, Any]:
+    """Load a state saved at the middle of epoch 0 into a fresh sampler and draw its first batch of 8 rows,
+    against what a packer without the state's anchor pays: packing the epoch's windows up to its middle."""
+    from stateful_sampler import PackedRows
+
+    lengths = lognormal_lengths(size)
+    make = lambda: PackedRows(lengths, SEQ_LEN, split_records=split, seed=3, batch_size=8)
+    state = mid_epoch_state(make())
+    middle = state["position"]
+    started = perf_counter()
+    resumed = make()
+    constructed = perf_counter()
+    resumed.load_state_dict(state)
+    iterator = iter(resumed)
+    first = [next(iterator) for _ in range(8)]
+    seconds = perf_counter() - constructed
+    assert first[0].key.index == middle
+    fresh = make().strategy.rows(0)
+    started_window = perf_counter()
+    fresh._built(state["packing"]["window"])  # one window alone: what "plus one window" stands for
+    window = perf_counter() - started_window
+    started_rebuild = perf_counter()
+    fresh.anchor(middle)  # no anchor: walk the windows from the epoch's start
+    rebuild = perf_counter() - started_rebuild
+    return {"seconds": seconds, "construction_seconds": constructed - started, "rebuild_seconds": rebuild,
+            "window_seconds": window, "rows": 2 * middle, "state_bytes": len(json.dumps(state))}  # fmt: skip
+
+
+def mid_epoch_state(sampler: Any) -> dict[str, Any]:
+    """The state a run on one rank saves at the middle row of epoch 0: the position, and the anchor the
+    sampler's own ``state_dict`` computes for it (found here by walking the windows to it)."""
+    state = sampler.state_dict()
+    state["position"] = sampler.rows_in_epoch(0) // 2
+    state["packing"] = sampler._anchor(state)
+    return state
+
+
+def memory(size: int) -> dict[str, Any]:
+    """Construction, a resume at the middle of epoch 0 and 1,000 rows, at N = ``size``, lengths as int32."""
+    from stateful_sampler import PackedRows
+
+    lengths = lognormal_lengths(size, np.int32)
+    user = lengths.nbytes / 2**20
+    started = perf_counter()
+    saving = PackedRows(lengths, SEQ_LEN, seed=4, batch_size=8)
+    constructed = perf_counter()
+    state = mid_epoch_state(saving)
+    walked = perf_counter()
+    resumed = PackedRows(lengths, SEQ_LEN, seed=4, batch_size=8)
+    started_resume = perf_counter()
+    resumed.load_state_dict(state)
+    count = sum(1 for _, _ in zip(range(1000), resumed))
+    return {"user_mib": user, "construction_seconds": constructed - started, "walk_seconds": walked - constructed,
+            "resume_seconds": perf_counter() - started_resume, "rows": count}  # fmt: skip
+
+
+CASES: dict[str, Callable[..., dict[str, Any]]] = {"waste": waste, "cost": cost, "resume": resume, "memory": memory}
+
+
+def run(name: str, **params: Any) -> dict[str, Any]:
+    return isolated.run("benchmarks.cases_packing", name, params)
+
+
+def packing(full: bool, run_case: Any, figures: Any) -> None:
+    """The figure: waste, cost, resume and memory of issue 19 (``python -m benchmarks --only packing``)."""
+    from benchmarks.figures import Check, Row
+
+    size = 10**5
+    result = run("waste", size=size, max_tokens=16384, batch_size=16)
+    figure = f"packing waste, N=10^5 log-normal lengths (median 148), rows of {SEQ_LEN}, batches of 16 / 16384 tokens"
+    for system, key in (("ours: PackedRows(split_records=False)", "ours"), ("global first-fit decreasing", "ffd"),
+                        ("DataCollatorWithFlattening-style greedy", "greedy")):  # fmt: skip
+        figures.rows.append(Row(figure, "row fill (tokens / seq_len x rows)", system, 100 * result["rows"][key], "%"))
+    for system, key in (("ours: TokenBudgetBatches(padded=True)", "ours"), ("HF LengthGroupedSampler", "hf"),
+                        ("random batches", "random")):  # fmt: skip
+        figures.rows.append(Row(figure, "padding share of padded tokens", system, 100 * result["padding"][key], "%"))
+    gap = 100 * (result["rows"]["ffd"] - result["rows"]["ours"])
+    figures.checks.append(Check("PackedRows(split_records=False) within 2 points of global FFD",
+                                f"{gap:.2f} points", gap <= 2))  # fmt: skip
+    costs = run("cost", size=size)
+    figure = "packing: seconds per row / batch of one epoch (set-up included), N=10^5"
+    for name in ("rows-whole", "rows-split", "batches"):
+        figures.rows.append(Row(figure, "per row", f"ours: {name}", costs[name] * 1e6, "us"))
+    figures.rows.append(
+        Row(figure, "per row", "NumPy first-fit decreasing, per window", costs["numpy-ffd"] * 1e6, "us")
+    )
+    resume_size = 10**7 if full else 10**6
+    for split in (False, True):
+        resumed = run("resume", size=resume_size, split=split)
+        name = "split" if split else "whole"
+        figure = f"packing: load a state at the middle of epoch 0 + first 8 rows, N={resume_size:.0e}"
+        figures.rows.append(Row(figure, name, f"ours: {name}", resumed["seconds"] * 1e3, "ms",
+                                resumed["peak_mib_above_baseline"], f"{resumed['state_bytes']} B state"))  # fmt: skip
+        figures.rows.append(Row(figure, name, "no anchor: pack the windows to the middle", resumed["rebuild_seconds"] * 1e3,
+                                "ms"))  # fmt: skip
+        budget = 0.010 + resumed["window_seconds"]
+        figures.checks.append(Check(f"packing ({name}) resume at N/2 ≤ 10 ms + one window ({budget * 1e3:.1f} ms)",
+                                    f"{resumed['seconds'] * 1e3:.1f} ms", resumed["seconds"] <= budget))  # fmt: skip
+    if full:
+        measured = run("memory", size=10**8)
+        extra = measured["peak_mib_above_baseline"] - measured["user_mib"]
+        figures.rows.append(Row("packing memory, N=10^8", "split", "ours", extra, "MiB",
+                                measured["peak_mib_above_baseline"], f"user's int32 lengths {measured['user_mib']:.0f} MiB"))  # fmt: skip
+        figures.checks.append(
+            Check("packing memory beyond the lengths at 10^8 ≤ 64 MB", f"{extra:.0f} MiB", extra <= 64)
+        )
+
+
+if __name__ == "__main__":
+    isolated.child(CASES, sys.argv[1], json.loads(sys.argv[2]))

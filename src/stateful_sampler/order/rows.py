@@ -1,0 +1,173 @@
+"""Rows of packed records as a strategy: pass p's positions are its rows, each a pure function of (seed, p, row).
+
+A row is a list of ``(record, start, stop)`` token slices. Two rules make rows out of a pass's
+windows (``windows.py``):
+
+- ``split=True`` (pre-training, ``concat``): the records of the shuffle are concatenated and the
+  token stream is cut every ``capacity`` tokens. Pass p has ceil(T / capacity) rows for T tokens in
+  all, every pass alike; row j is the tokens [j*capacity, (j+1)*capacity) of the stream, found from
+  the start of the window that holds token j*capacity.
+- ``split=False`` (fine-tuning, ``pack``; token-budget batches): each window's records are packed
+  whole by best-fit decreasing (``packing.py``), and the window's bins, in an order drawn from
+  (seed, pass, window), are its rows. A window's row count is known only once it is packed, so the
+  pass's row count is a walk over all its windows: paid once per pass (a few microseconds per
+  record), or read from a saved state, which carries it.
+
+The sampler strides through rows exactly as through records, so tails, ranks, elastic resume and
+keys are the sampler's. A saved state adds an *anchor*: the window of the saved row and where that
+window starts (and the pass's row count), so a resume finds the rows it continues with in O(window).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from stateful_sampler.order.lengths import lengths_digest
+from stateful_sampler.order.packing import pack_window
+from stateful_sampler.order.strategy import PassOrder, Strategy, check_length
+from stateful_sampler.order.windows import PassWindows, WindowCache, WindowStarts
+
+Slice = tuple[int, int, int]  # (record, start, stop): tokens [start, stop) of the record
+_KEPT_PASSES = 3  # carry reads across one pass boundary; a state probe may ask for the previous pass
+
+
+class RowOrder(Strategy):
+    """Rows of ``capacity`` tokens (or batches of cost at most ``capacity``) over windows of the shuffle.
+
+    Args:
+        lengths: tokens per record, each at least 1 (checked by the caller: ``lengths.token_lengths``).
+        capacity: tokens per row (``seq_len``), or the batch budget (``max_tokens``).
+        seed: the sampler's seed (a pass's row count depends on it).
+        split: concatenate and cut (``True``), or pack whole records (``False``).
+        window: shuffle positions per window.
+        padded: the cost of a bin is its longest record times its count (token-budget batches).
+        truncate: with ``split=False``, records longer than ``capacity`` keep their first tokens.
+    """
+
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        capacity: int,
+        *,
+        seed: int,
+        split: bool,
+        window: int,
+        padded: bool = False,
+        truncate: bool = False,
+        name: str = "packed-rows",
+    ) -> None:
+        self.name = name  # type: ignore[misc]
+        self.lengths = lengths
+        self.capacity = capacity
+        self.seed = seed
+        self.split = split
+        self.window = window
+        self.padded = padded
+        self.truncate = truncate
+        self.passes_vary = not split
+        self.tokens = int(lengths.sum(dtype=np.int64))
+        self._digest = lengths_digest(lengths)
+        self._passes: OrderedDict[int, _PassRows] = OrderedDict()
+
+    def __repr__(self) -> str:
+        mode = "split" if self.split else ("padded" if self.padded else "whole")
+        return f"RowOrder(<{len(self.lengths)} lengths>, capacity={self.capacity}, {mode}, window={self.window})"
+
+    def check(self, size: int) -> None:
+        check_length("lengths", self.lengths, size)
+
+    def pass_length(self, size: int, pass_index: int) -> int:
+        return self.rows(pass_index).count()
+
+    def pass_order(self, size: int, seed: int, pass_index: int) -> PassOrder:
+        return _rows_themselves
+
+    def _identity(self) -> tuple[Any, ...]:
+        return (self._digest, len(self.lengths), self.capacity, self.split, self.window, self.padded, self.truncate)
+
+    def rows(self, pass_index: int) -> _PassRows:
+        """Pass ``pass_index``'s rows (the last few passes are kept)."""
+        rows = self._passes.get(pass_index)
+        if rows is None:
+            rows = self._passes[pass_index] = _PassRows(self, pass_index)
+            if len(self._passes) > _KEPT_PASSES:
+                self._passes.popitem(last=False)
+        return rows
+
+
+def _rows_themselves(positions: np.ndarray) -> np.ndarray:
+    return positions
+
+
+class _PassRows:
+    """One pass's rows: built window by window from the nearest known window start."""
+
+    def __init__(self, order: RowOrder, pass_index: int) -> None:
+        self._order = order
+        self._windows = PassWindows(len(order.lengths), order.window, order.seed, pass_index)
+        if order.split:
+            self._built: WindowCache[Any] = WindowCache(self._concat_window)
+            self.starts = WindowStarts(self._windows.count, lambda index: self._built(index)[2][-1])
+            self.starts.remember(self._windows.count, order.tokens)
+        else:
+            self._built = WindowCache(self._packed_window)
+            self.starts = WindowStarts(self._windows.count, lambda index: len(self._built(index)))
+
+    def count(self) -> int:
+        """Rows in the pass."""
+        if self._order.split:
+            return -(-self._order.tokens // self._order.capacity)
+        return self.starts.total()
+
+    def anchor(self, row: int) -> tuple[int, int]:
+        """The window where ``row`` begins and that window's start (in tokens, or rows)."""
+        return self.starts.locate(row * self._order.capacity if self._order.split else row)
+
+    def row(self, row: int) -> list[Slice]:
+        """Row ``row`` as token slices."""
+        if not self._order.split:
+            index, start = self.starts.locate(row)
+            records = self._built(index)[row - start]
+            return [(record, 0, self._kept(record)) for record in records.tolist()]
+        capacity, tokens = self._order.capacity, self._order.tokens
+        first = row * capacity
+        last = min(first + capacity, tokens)
+        slices: list[Slice] = []
+        while first < last:
+            index, start = self.starts.locate(first)
+            records, ends, end_list = self._built(index)
+            at = int(np.searchsorted(ends, first - start, side="right"))
+            while at < len(records) and first < last:
+                record_start = start + (end_list[at - 1] if at else 0)
+                stop = min(last, start + end_list[at])
+                slices.append((records[at], first - record_start, stop - record_start))
+                first = stop
+                at += 1
+        return slices
+
+    def batch(self, row: int) -> list[int]:
+        """Row ``row``'s records (a token-budget batch)."""
+        index, start = self.starts.locate(row)
+        return self._built(index)[row - start].tolist()
+
+    def _kept(self, record: int) -> int:
+        length = int(self._order.lengths[record])
+        return min(length, self._order.capacity) if self._order.truncate else length
+
+    def _concat_window(self, index: int) -> tuple[list[int], np.ndarray, list[int]]:
+        records = self._windows.records(index)
+        ends = np.cumsum(self._order.lengths[records], dtype=np.int64)
+        return records.tolist(), ends, ends.tolist()
+
+    def _packed_window(self, index: int) -> list[np.ndarray]:
+        order = self._order
+        records = self._windows.records(index)
+        lengths = order.lengths[records].astype(np.int64)
+        if order.truncate:
+            np.minimum(lengths, order.capacity, out=lengths)
+        bins = pack_window(lengths, order.capacity, padded=order.padded)
+        shuffled = self._windows.rng(index).permutation(len(bins))
+        return [records[bins[at]] for at in shuffled.tolist()]

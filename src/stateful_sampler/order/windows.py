@@ -1,0 +1,119 @@
+"""Windows of a pass's shuffle, and where each window's rows (or tokens) start.
+
+Packing reads a pass's uniform shuffle in windows of ``window`` consecutive positions: window k holds
+the records at positions [k*window, (k+1)*window), found in O(window) by the Feistel bijection. A
+window yields a varying number of units (rows when records are packed whole, tokens when they are
+concatenated), so where window k's units start is a prefix sum over the windows before it.
+
+``WindowStarts`` keeps the starts it knows (window 0 starts at 0; a resume brings the start of the
+window it resumes in, from the state) and walks forward from the nearest known one, remembering every
+start it passes. Reading a pass in order, or resuming in it, costs O(window) per window; a question
+about a window before every known start walks from the pass's beginning, O(N) once per pass.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from stateful_sampler.order.mixing import Domain, derive_seed
+from stateful_sampler.order.permutation import FeistelPermutation
+
+_TAG = 0x5041434B  # "PACK": this module's seeds
+T = TypeVar("T")
+
+
+class PassWindows:
+    """The records of one pass's windows: a uniform shuffle cut into runs of ``window`` positions."""
+
+    def __init__(self, size: int, window: int, seed: int, pass_index: int) -> None:
+        self.size = size
+        self.window = window
+        self.count = -(-size // window)
+        self.pass_seed = derive_seed(Domain.PERMUTATION, seed, _TAG, pass_index)
+        self._shuffle = FeistelPermutation(size, self.pass_seed, 0)
+
+    def records(self, index: int) -> np.ndarray:
+        """Window ``index``'s records, in shuffled order."""
+        start = index * self.window
+        return self._shuffle(np.arange(start, min(start + self.window, self.size), dtype=np.int64))
+
+    def rng(self, index: int) -> np.random.Generator:
+        """Randomness of window ``index`` only (the order of its bins), pure in (seed, pass, window)."""
+        return np.random.default_rng(derive_seed(Domain.PERMUTATION, self.pass_seed, _TAG, index))
+
+
+class WindowCache(Generic[T]):
+    """The last few windows built, so that rows of one window asked for block by block build it once."""
+
+    def __init__(self, build: Callable[[int], T], kept: int = 4) -> None:
+        self._build = build
+        self._kept = kept
+        self._built: OrderedDict[int, T] = OrderedDict()
+
+    def __call__(self, index: int) -> T:
+        value = self._built.get(index)
+        if value is None:
+            value = self._built[index] = self._build(index)
+            if len(self._built) > self._kept:
+                self._built.popitem(last=False)
+        else:
+            self._built.move_to_end(index)
+        return value
+
+
+class WindowStarts:
+    """Where each window's units start, learnt by walking forward from known starts."""
+
+    def __init__(self, count: int, measure: Callable[[int], int]) -> None:
+        self.count = count
+        self._measure = measure
+        self._windows = [0]  # ascending window indices with a known start...
+        self._starts = [0]  # ...and their starts (ascending too)
+        self._total: int | None = None
+
+    def remember(self, index: int, start: int) -> None:
+        """A start known from elsewhere (a saved state); ``index`` may be ``count`` (the total)."""
+        if index == self.count:
+            self._total = start
+            return
+        at = bisect_right(self._windows, index)
+        if at and self._windows[at - 1] == index:
+            return
+        self._windows.insert(at, index)
+        self._starts.insert(at, start)
+
+    def total(self) -> int:
+        """Units in the whole pass: a walk over every window after the last known start."""
+        if self._total is None:
+            index, start = self._windows[-1], self._starts[-1]
+            while index < self.count:
+                start += self._measure(index)
+                index += 1
+                if index < self.count:
+                    self.remember(index, start)
+            self._total = start
+        return self._total
+
+    def known_total(self) -> int | None:
+        return self._total
+
+    def locate(self, unit: int) -> tuple[int, int]:
+        """The window holding ``unit`` and that window's start."""
+        at = bisect_right(self._starts, unit) - 1
+        index, start = self._windows[at], self._starts[at]
+        while True:
+            if index >= self.count:
+                raise IndexError(f"unit {unit} lies beyond the pass's {start} units")
+            following = start + self._measure(index)
+            if unit < following:
+                return index, start
+            index, start = index + 1, following
+            if index < self.count:
+                self.remember(index, start)
+            else:
+                self._total = start

@@ -1,0 +1,156 @@
+"""A ``StatefulSampler`` over rows of a ``RowOrder``: the sampler's machinery, plus a resume anchor in the state.
+
+The sampler strides through row indices as it does through records (tails, ranks, elastic resume,
+keys, ``consumed_batches``); the subclasses turn each row index into what they yield. A row's window
+starts where the windows before it end, which is only known by walking them, so the state gains one
+field, ``packing``: the saved row's window and where it starts, and (whole-record packing) the row
+count of the saved epoch. Loading it makes a resume O(window); it is checked against a hash of the
+order's identity, so a state is never read with another order's anchor.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from stateful_sampler.errors import IncompatibleStateError
+from stateful_sampler.keys import SampleKey
+from stateful_sampler.order.rows import RowOrder
+from stateful_sampler.sampler import StatefulSampler
+from stateful_sampler.state import SamplerState
+
+PACKING_VERSION = 1
+_FIELDS = ("version", "pass", "window", "start", "rows", "check")
+_IDENTITY = ("size", "seed", "strategy", "strategy_fingerprint")
+
+
+class KeyedList(list):  # type: ignore[type-arg]
+    """A row's (or batch's) items with the row's ``SampleKey``: ``key.index`` is the row within its epoch,
+    ``key.is_padding`` marks a repeat that only evens out the ranks. Pickles with its key (workers)."""
+
+    def __init__(self, items: list[Any], key: SampleKey) -> None:
+        super().__init__(items)
+        self.key = key
+
+    @property
+    def is_padding(self) -> bool:
+        return self.key.is_padding
+
+    def __reduce__(self) -> Any:
+        return (type(self), (list(self), self.key))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r}, key={self.key!r})"
+
+
+class RowSampler(StatefulSampler):
+    """Yields ``self._item(key)`` for each row key; the state carries the anchor of its row."""
+
+    strategy: RowOrder
+
+    def __init__(
+        self, order: RowOrder, *, num_replicas: int | None, rank: int | None, tail: str, batch_size: int | None
+    ) -> None:
+        super().__init__(
+            len(order.lengths),
+            seed=order.seed,
+            num_replicas=num_replicas,
+            rank=rank,
+            tail=tail,
+            batch_size=batch_size,
+            yield_keys=True,  # the keys carry each row's epoch, position and padding mark to ``_item``
+            strategy=order,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self._item, super().__iter__())
+
+    def _item(self, key: SampleKey) -> Any:
+        raise NotImplementedError
+
+    def rows_in_epoch(self, epoch: int | None = None) -> int:
+        """Rows (or batches) of an epoch over all ranks, before padding."""
+        return self.strategy.rows(self.epoch if epoch is None else epoch).count()
+
+    def _saved_state(self, cursor: Any) -> dict[str, Any]:
+        state = super()._saved_state(cursor)
+        state["packing"] = self._anchor(state)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, Mapping):
+            raise IncompatibleStateError(
+                "state", type(state).__name__, f"a dict from {type(self).__name__}.state_dict()"
+            )
+        state = dict(state)
+        packing = state.pop("packing", "<missing>")
+        mine = {"size": self.size, "seed": self.seed, "strategy": self.strategy.name}
+        mine["strategy_fingerprint"] = self.strategy.fingerprint()
+        for name in _IDENTITY:
+            if name in state and state[name] != mine[name]:
+                raise IncompatibleStateError(name, state[name], mine[name], "the state belongs to another order")
+        anchor = _checked_anchor(packing, self._check_word())
+        rows = self.strategy.rows(anchor["pass"])
+        if anchor["window"] >= rows.starts.count:
+            raise IncompatibleStateError("packing.window", anchor["window"], f"below {rows.starts.count} windows")
+        rows.starts.remember(anchor["window"], anchor["start"])  # a fact of this order (checked): kept even if
+        if anchor["rows"] is not None:  # the load below is refused
+            rows.starts.remember(rows.starts.count, anchor["rows"])
+        # The sampler compares the state with its own, whose epoch length it computes: moved to the saved
+        # epoch first (whose length the anchor holds), it never walks the windows of the epoch it was in.
+        # A probe takes any refusal, so this sampler is untouched by a state it refuses.
+        epoch = SamplerState.from_dict(state).epoch
+        probe = copy.copy(self)
+        probe.set_epoch(epoch)
+        StatefulSampler.load_state_dict(probe, state)
+        self.set_epoch(epoch)
+        super().load_state_dict(state)
+
+    def _anchor(self, state: dict[str, Any]) -> dict[str, Any]:
+        pass_index, row = self._row_at(state)
+        rows = self.strategy.rows(pass_index)
+        window, start = rows.anchor(row)
+        count = None if self.strategy.split else rows.count()
+        anchor: dict[str, Any] = {"version": PACKING_VERSION, "pass": pass_index, "window": window, "start": start}
+        anchor["rows"] = count
+        anchor["check"] = _check(self._check_word(), anchor)
+        return anchor
+
+    def _row_at(self, state: dict[str, Any]) -> tuple[int, int]:
+        """The pass and row a saved cursor reads next (padding wraps to the pass's start; ``carry``
+        reads on into the next passes, which all have one length)."""
+        epoch, length = state["epoch"], self.strategy.rows(state["epoch"]).count()
+        offset = state["carry_start"] - epoch * length + state["position"]
+        if not self.strategy.split:
+            return epoch, offset % length
+        return epoch + offset // length, offset % length
+
+    def _check_word(self) -> str:
+        return f"{self.strategy.fingerprint()}|{self.seed}|{self.size}"
+
+
+def _check(word: str, anchor: Mapping[str, Any]) -> str:
+    values = "|".join(str(anchor[name]) for name in _FIELDS[:-1])
+    return hashlib.blake2b(f"{word}|{values}".encode(), digest_size=8).hexdigest()
+
+
+def _checked_anchor(packing: Any, word: str) -> dict[str, Any]:
+    """The saved anchor, refused unless it is exactly a version-1 anchor of this order."""
+    if not isinstance(packing, Mapping):
+        raise IncompatibleStateError("packing", packing, "the anchor a row sampler's state_dict() saves")
+    if set(packing) != set(_FIELDS):
+        raise IncompatibleStateError("packing", sorted(packing), list(_FIELDS), "not a packing anchor")
+    if packing["version"] != PACKING_VERSION:
+        raise IncompatibleStateError("packing.version", packing["version"], PACKING_VERSION, "unknown anchor version")
+    for name in ("pass", "window", "start"):
+        if type(packing[name]) is not int or packing[name] < 0:
+            raise IncompatibleStateError(f"packing.{name}", packing[name], "a non-negative int")
+    if packing["rows"] is not None and (type(packing["rows"]) is not int or packing["rows"] < 1):
+        raise IncompatibleStateError("packing.rows", packing["rows"], "a positive int or None")
+    if packing["check"] != _check(word, packing):
+        raise IncompatibleStateError(
+            "packing.check", packing["check"], _check(word, packing), "the anchor was altered, or is another order's"
+        )
+    return dict(packing)
