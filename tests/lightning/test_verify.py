@@ -48,10 +48,10 @@ def test_verify_shows_the_guard_s_refusal_of_a_run_without_sampler_checkpoint(
     config = digits_config(tmp_path, sampler_checkpoint=False)
     arguments = ["--config", str(config), "--kill-at", str(KILL_AT), "--work-dir", str(tmp_path / "work")]
     assert main(arguments) == EXIT_RUN_FAILED
-    out = capsys.readouterr().out
-    assert "the resumed run exited with code 1" in out
-    assert "SamplerCheckpoint is not among the Trainer's callbacks" in out
-    assert "DIVERGED" not in out
+    captured = capsys.readouterr()  # verify's reasons go to stderr, its report to stdout
+    assert "the resumed run exited with code 1" in captured.err
+    assert "SamplerCheckpoint is not among the Trainer's callbacks" in captured.err
+    assert "DIVERGED" not in captured.out + captured.err
 
 
 @pytest.mark.slow
