@@ -117,6 +117,23 @@ def test_an_end_of_epoch_checkpoint_saved_without_the_callback_resumes_exactly(
         assert resumed_record(setup, checkpoint) == uninterrupted, name
 
 
+@pytest.mark.parametrize("num_workers", WORKERS)
+def test_a_checkpoint_written_after_resuming_an_epoch_end_saved_without_the_callback_resumes_exactly(
+    num_workers: int, tmp_path: Path
+) -> None:
+    """The resumed fit begins its pass again at on_train_start, while Lightning still counts the
+    finished epoch's 6 batches: that pass is the next epoch's, from its first batch (with workers it
+    was counted 6 batches in, and the save 2 batches later was refused with consumed_batches=-4)."""
+    setup = Setup(num_workers=num_workers)
+    first = SaveAt(tmp_path / "first", after_batches=(6,))
+    second = SaveAt(tmp_path / "second", after_batches=(2,))
+    first.directory.mkdir()
+    second.directory.mkdir()
+    uninterrupted = fit(setup.with_(callback=False), [first]).record
+    assert fit(setup, [second], ckpt_path=first.saved["batch6"]).record == uninterrupted
+    assert resumed_record(setup, second.saved["batch2"]) == uninterrupted
+
+
 def test_the_record_tells_a_broken_resume_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Control: without the callback, Lightning replays the epoch's first batches after a mid-epoch resume
     (Lightning alone: the guard of our entry point refuses this resume)."""

@@ -343,7 +343,7 @@ class SamplerCheckpointHooks:
             # Lightning's set_epoch may come after this pass has begun (#21938), e.g. for a sampler
             # that a previous fit left in a later epoch.
             sampler.set_epoch(_lightning_epoch(trainer))
-            self._passes[sampler] = _PassStart(_batches_processed(trainer), _lightning_epoch(trainer))
+            self._passes[sampler] = _PassStart(_batches_before_pass(trainer), _lightning_epoch(trainer))
 
     def _resume_without_state(self, trainer: Trainer, samplers: list[StatefulSampler]) -> None:
         """A checkpoint saved without this callback resumes exactly only at an epoch's end, where the
@@ -411,6 +411,14 @@ def _batches_processed(trainer: Trainer) -> int:
     """Batches the training loop has finished in the current epoch (a resumed run counts on)."""
     # Lightning types ``current`` as _ReadyCompletedTracker; its default, kept by the fit loop, is a _ProcessedTracker
     return cast("_ProcessedTracker", trainer.fit_loop.epoch_loop.batch_progress.current).processed
+
+
+def _batches_before_pass(trainer: Trainer) -> int:
+    """Batches processed in the epoch a pass begun now draws. After an epoch's last batch that is the
+    next epoch, from its start: Lightning keeps the finished epoch's count until its epoch loop resets
+    it, and a fit resumed from there begins its passes again before that (``on_train_start``)."""
+    batch_progress = trainer.fit_loop.epoch_loop.batch_progress
+    return 0 if batch_progress.is_last_batch else _batches_processed(trainer)
 
 
 def _lightning_epoch(trainer: Trainer) -> int:
