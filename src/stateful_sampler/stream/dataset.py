@@ -161,10 +161,19 @@ class ShardedStream(IterableDataset):
         first = int(windows.window_of(np.array([min(layout.origin, layout.size - 1)]))[0])
         # Each window's slots, then the padding slots past the end: a reader holds one window at a time.
         spans = [(starts[w], starts[w + 1]) for w in range(first, windows.windows)] + [(layout.size, 2**62)]
-        for begin, end in spans:
+        for window, (begin, end) in enumerate(spans, first):
+            if window < windows.windows:
+                self._enter_window(windows, window)
             local = layout.worker_locals(worker, workers, self.batch_size, *layout.local_range(rank, begin, end))
             if local.size:
                 yield from self._deliver(windows, layout, rank, local)
+
+    def _enter_window(self, windows: EpochWindows, window: int) -> None:
+        """Tell a reader that fetches ahead (``ShardCache``) this window's shards and the next one's."""
+        enter = getattr(self.reader, "enter_window", None)
+        if enter is not None:
+            names = [[self.shards[s] for s in windows.window_shards(w).tolist()] for w in (window, window + 1)]
+            enter(names[0], names[1])
 
     def _deliver(self, windows: EpochWindows, layout: StreamLayout, rank: int, local: np.ndarray) -> Iterator[Any]:
         slots = layout.slots(rank, local)
