@@ -29,7 +29,9 @@ def test_the_state_is_a_few_hundred_bytes_of_json_whatever_the_shard_count() -> 
         (lambda counts: counts[:3] + [26] + counts[4:], r"state field 'shards\[3\]'.*'shard-003' with 26 records.*"
                                                          r"shard 'shard-003' changed since the save"),
         (lambda counts: counts + [5], r"state field 'shards': saved 6, expected 7: shards were added or removed"),
-        (lambda counts: [counts[1], counts[0]] + counts[2:], r"state field 'digest'.*several shards changed"),
+        (lambda counts: [counts[1], counts[0]] + counts[2:], r"state field 'shards': saved 'several shards of other "
+                                                              r"names, record counts or contents', expected 'the 6 "
+                                                              r"shards of the save'"),
     ],
 )  # fmt: skip
 def test_a_changed_shard_list_or_count_is_refused_naming_the_shard(change, match) -> None:
