@@ -88,11 +88,22 @@ def test_state_dict_without_a_count_while_a_pass_is_under_way_is_refused() -> No
         stream.state_dict()
 
 
-def test_set_epoch_after_a_pass_left_early_starts_that_epoch_from_its_start() -> None:
+def test_a_pass_left_early_moves_on_and_set_epoch_of_its_own_epoch_changes_nothing() -> None:
+    epochs = []
+    for epoch in range(3):
+        live = make_stream(COUNTS, batch_size=2)
+        live.set_epoch(epoch)
+        epochs.append(ids(live.loader()))
     stream = make_stream(COUNTS, batch_size=2)
-    first = ids(batch for _, batch in zip(range(2), stream.loader()))
-    stream.set_epoch(0)
-    assert ids(stream.loader())[:2] == first
+    loader = stream.loader()
+    assert ids(batch for _, batch in zip(range(2), loader)) == epochs[0][:2]
+    stream.set_epoch(0)  # what Lightning and Accelerate do once a pass began: it goes on
+    assert stream.epoch == 0 and stream.state_dict(consumed_batches=2)["position"] == 4
+    assert ids(loader) == epochs[1]  # the next pass draws the next epoch
+    stream.set_epoch(0)  # after a pass taken to its end: epoch 0 again, from its start
+    assert ids(batch for _, batch in zip(range(1), loader)) == epochs[0][:1]
+    stream.set_epoch(2)  # another epoch leaves the pass under way
+    assert ids(loader) == epochs[2]
 
 
 # -- 3. a consumed count past the pass

@@ -51,6 +51,7 @@ class _Pass:
     origin: int
 
 
+_NOTHING = object()
 # Where a wrapper keeps the DataLoader it iterates (Fabric, Accelerate, ResumableLoader).
 _WRAPPERS = ("_dataloader", "base_dataloader", "dataloader", "loader")
 
@@ -179,10 +180,14 @@ class ShardedStream(IterableDataset):
         return self._current().position
 
     def set_epoch(self, epoch: int) -> None:
-        """The next pass draws ``epoch`` from its start; right after ``load_state_dict`` the saved epoch
-        keeps its saved position. A pass under way is left: a new ``iter()`` starts the epoch."""
+        """The next pass draws ``epoch`` from its start. Two cases change nothing: right after
+        ``load_state_dict`` the saved epoch keeps its saved position, and while a pass of ``epoch`` is
+        under way (begun, not taken to its end) it goes on, for frameworks that call ``set_epoch`` again
+        once the pass began (Lightning, Accelerate). Any other epoch leaves the pass under way."""
         epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
         if self._pass is None and epoch == self._next.epoch:
+            return
+        if self._pass is not None and not self._pass_ended and epoch == self._pass.epoch:
             return
         self._next, self._pass, self._pass_ended = _Cursor(epoch, 0), None, False
 
@@ -224,13 +229,23 @@ class ShardedStream(IterableDataset):
         if self._driving:
             return iter(loader)
         self._check_loader(loader)
-        begun = self._begin_pass()
+        return self._drive(self._begin_pass(), loader)
+
+    def _drive(self, begun: _Pass, loader: Iterable[Any]) -> Iterator[Any]:
+        """Iterate ``loader`` with the pass marked as a loader's until its first batch: by then its
+        workers were forked or pickled and its fetcher built (a wrapper such as Accelerate's may do
+        that only at the first ``next``), each with the pass in its copy of the stream."""
         self._driving = True
         try:
-            iterator = iter(loader)  # workers are forked or pickled here, with the pass in their copy
+            iterator = iter(loader)
+            first = next(iterator, _NOTHING)
         finally:
             self._driving = False
-        return self._until_end(begun, iterator)
+        if first is not _NOTHING:
+            yield first
+            yield from iterator
+        if self._pass is begun:
+            self._pass_ended = True
 
     def _until_end(self, begun: _Pass, iterator: Iterator[Any]) -> Iterator[Any]:
         yield from iterator
