@@ -17,7 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.cases_stream_remote import figure as stream_remote
 from benchmarks.figures import FIGURES, Figures
+
+FIGURES["stream-remote"] = stream_remote
 
 ROOT = Path(__file__).resolve().parent.parent
 

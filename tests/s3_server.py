@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -47,9 +48,10 @@ class S3Server:
 def s3_server(timeout: float = 60.0) -> Iterator[S3Server]:
     """moto's server on a free port; waits until it answers (or raises with its output), stops it after."""
     port = free_port()
+    log = tempfile.TemporaryFile()  # not a pipe: moto logs every request, and a full pipe would stall it
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port],
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, **CREDENTIALS},
     )
@@ -58,7 +60,8 @@ def s3_server(timeout: float = 60.0) -> Iterator[S3Server]:
         deadline = time.monotonic() + timeout
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"moto server exited with {process.returncode}: {process.stdout.read().decode()}")  # type: ignore[union-attr]
+                log.seek(0)
+                raise RuntimeError(f"moto server exited with {process.returncode}: {log.read().decode()[-3000:]}")
             try:
                 urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
                 break
@@ -74,3 +77,4 @@ def s3_server(timeout: float = 60.0) -> Iterator[S3Server]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        log.close()

@@ -80,7 +80,7 @@ def open_shard(shard: str, storage_options: Mapping[str, Any] | None = None) -> 
         if not is_url(shard):
             return open(shard, "rb")
         fs, path = filesystem(shard, storage_options)
-        return _Counted(fs.open(path, "rb"))
+        return _Counted(fs.open(path, "rb", cache_type="none"))  # exact ranges: a footer read is the footer
     except ShardReadError:
         raise
     except Exception as error:  # FileNotFoundError, PermissionError, botocore's ClientError, ...
