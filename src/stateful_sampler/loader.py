@@ -21,14 +21,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from stateful_sampler.errors import DoubleShardingError, IncompatibleStateError, SamplerNotFoundError
+from stateful_sampler.resumable import DatasetOrder, loader_batches
 from stateful_sampler.sampler import StatefulSampler
 
 LOADER_STATE_VERSION = 1
 
 # Where frameworks keep the loader or sampler they wrap: torch's DataLoader and BatchSampler,
 # Fabric's _FabricDataLoader (_dataloader), Accelerate's DataLoaderShard / BatchSamplerShard /
-# SkipDataLoader (batch_sampler, base_dataloader).
-_WRAPPED = ("sampler", "batch_sampler", "_dataloader", "base_dataloader", "dataloader", "loader")
+# SkipDataLoader (batch_sampler, base_dataloader); a DataLoader's dataset, for a DatasetOrder (ShardedStream).
+_WRAPPED = ("sampler", "batch_sampler", "_dataloader", "base_dataloader", "dataloader", "loader", "dataset")
 _MAX_DEPTH = 6
 _LOADERS = ("_dataloader", "base_dataloader", "dataloader", "loader")  # where wrappers keep the loader they iterate
 
@@ -135,7 +136,7 @@ class ResumableLoader:
         self._pass_epoch, self._consumed = self.sampler.epoch, 0
         for generator in self._generators:
             generator.manual_seed((self.sampler.seed * 1_000_003 + self._pass_epoch) % (1 << 63))
-        for consumed, batch in enumerate(self.loader, 1):
+        for consumed, batch in enumerate(loader_batches(self.sampler, self.loader), 1):
             self._consumed = consumed
             for hook in tuple(_batch_hooks):
                 hook(self, batch, consumed)
@@ -219,7 +220,7 @@ def _path_to_sampler(obj: Any, path: list[Any], seen: set[int]) -> list[Any] | N
     if id(obj) in seen or len(path) > _MAX_DEPTH:
         return None
     seen.add(id(obj))
-    if isinstance(obj, StatefulSampler):
+    if isinstance(obj, (StatefulSampler, DatasetOrder)):
         return [*path, obj]
     for name in _WRAPPED:
         inner = getattr(obj, name, None)
