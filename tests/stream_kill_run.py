@@ -2,7 +2,8 @@
 
 ``python -m tests.stream_kill_run FRAMEWORK ROOT --workers N [--kill-after K]``, FRAMEWORK one of plain
 (``ResumableLoader``), fabric (``setup_dataloader`` and ``fabric.save``) or accelerate
-(``prepare_loader`` and ``accelerator.save_state``). Each consumed batch (record ids and the seeded
+(``prepare_loader`` and ``accelerator.save_state``); ``verify`` is a script for ``stateful-sampler verify
+-- COMMAND`` (a model, a checkpoint every 5 steps, ``record_weights`` at the end). Each consumed batch (record ids and the seeded
 augmentation's noise) is appended to ROOT/record.jsonl, flushed; the checkpoint is written after every
 step and loaded when it exists; ``--kill-after K`` SIGKILLs the process, workers and all, right after
 step K's checkpoint.
@@ -84,14 +85,46 @@ def accelerate(stream: ShardedStream, workers: int, checkpoint: Path) -> tuple[R
     return loader, lambda: accelerator.save_state(str(checkpoint)), accelerator
 
 
+def verified(root: Path) -> None:
+    """What verify runs: it kills the process itself, and compares the batches and the final weights."""
+    from stateful_sampler.verify import record_weights
+
+    loader = ResumableLoader(make_stream().loader(num_workers=2))
+    torch.manual_seed(1)
+    model = torch.nn.Linear(1, 1).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    checkpoint, step = root / "last.pt", 0
+    if checkpoint.exists():
+        saved = torch.load(checkpoint)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        loader.load_state_dict(saved["loader"])
+        step = saved["step"]
+    for epoch in range(loader.epoch, EPOCHS):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            optimizer.zero_grad()
+            loss = ((model(batch[:, :1] / 100) - batch[:, 1:]) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step % 5 == 0:
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict()}
+                torch.save({**state, "step": step}, root / "next.pt")
+                os.replace(root / "next.pt", checkpoint)
+    record_weights(model)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("framework", choices=["plain", "fabric", "accelerate"])
+    parser.add_argument("framework", choices=["plain", "fabric", "accelerate", "verify"])
     parser.add_argument("root", type=Path)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--kill-after", type=int)
     args = parser.parse_args()
     torch.manual_seed(1234)  # must not matter: order and augmentation never come from the global RNG
+    if args.framework == "verify":
+        return verified(args.root)
     checkpoint = args.root / "checkpoint"
     loader, save, _runner = {"plain": plain, "fabric": fabric, "accelerate": accelerate}[args.framework](
         make_stream(), args.workers, checkpoint

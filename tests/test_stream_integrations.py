@@ -73,3 +73,16 @@ def test_a_stream_run_killed_mid_epoch_resumes_exactly_with_2_workers(framework:
     expected = records(whole)
     assert len(expected) == 22 and len({batch[0][1] for record in expected for batch in [record["batch"]]}) == 22
     assert records(cut) == expected  # every batch, its records and their augmentation
+
+
+@pytest.mark.slow
+def test_verify_of_a_command_training_on_a_stream_says_equal(tmp_path: Path, monkeypatch, capsys) -> None:
+    from stateful_sampler.verify.cli import EXIT_EQUAL, main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    command = [sys.executable, "-m", "tests.stream_kill_run", "verify", "{run_dir}"]
+    assert main(["--kill-at", "13", "--work-dir", str(tmp_path / "work"), "--", *command]) == EXIT_EQUAL
+    out = capsys.readouterr().out
+    assert "killed after step 13; resumed from the checkpoint at step 10\n" in out
+    assert "batches compared: 22 (22 steps x 1 rank(s)), identical: 22\n" in out
