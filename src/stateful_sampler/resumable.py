@@ -2,8 +2,8 @@
 loader's sampler, or an order that lives in the dataset and reports its own passes (``ShardedStream``).
 
 Both give ``batch_size``, ``seed``, ``epoch``, ``num_replicas``, ``set_epoch``,
-``state_dict(consumed_batches=...)`` and ``load_state_dict``; a dataset order also has ``position``
-(where its pass under way started) and ``loader_pass(loader)``, which iterates the loader as one pass of the order, so that the order knows
+``state_dict(consumed_batches=...)`` and ``load_state_dict``; a dataset order also has
+``loader_pass(loader)``, which iterates the loader as one pass of the order, so that the order knows
 where each pass begins and ends although its copies in the workers deliver the records.
 """
 
@@ -20,9 +20,6 @@ class DatasetOrder(Protocol):
 
     @property
     def epoch(self) -> int: ...
-
-    @property
-    def position(self) -> int: ...
 
     @property
     def num_replicas(self) -> int: ...

@@ -36,7 +36,7 @@ class _LoaderRecording:
 
     def batch(self, loader: Any, batch: Any, consumed: int) -> None:
         sampler = loader.sampler
-        epoch, before = self.pass_starts.get(id(sampler)) or _dataset_order_pass(sampler)
+        epoch, before = self.pass_starts[id(sampler)]
         self.recorder.batch(
             batch,
             rank=sampler.rank,
@@ -50,12 +50,6 @@ class _LoaderRecording:
     def state_taken(self, loader: Any, consumed: int) -> None:
         """A checkpoint is being taken, after the batches this process consumed so far."""
         self.recorder.checkpoint(rank=loader.sampler.rank, step=self.steps)
-
-
-def _dataset_order_pass(order: Any) -> tuple[int, int]:
-    """A DatasetOrder (``ShardedStream``) starts no sampler pass: during its pass under way, ``epoch`` and
-    ``position`` are that pass's, the position a whole number of global batches into the epoch."""
-    return order.epoch, order.position // (order.num_replicas * order.batch_size)
 
 
 def record_from_environment() -> None:
