@@ -75,8 +75,12 @@ def node_io(urls: list[str], options: dict[str, Any], paths: list[str], readers:
             jobs = [(urls, options, cache_dir if cached else None, readers, r, barrier, counts) for r in range(readers)]
             results = pool.map(_reader, jobs)
         seconds = time.perf_counter() - started
-        fetched = ShardCache(ParquetReader(), cache_dir, max_bytes=1).stats().bytes if cached else 0
-    fetched += sum(result["remote"] for result in results)
+        # With the cache, the log has every transfer of the node (downloads and footers); without
+        # it, each reader counts what it read.
+        if cached:
+            fetched = ShardCache(ParquetReader(), cache_dir, max_bytes=1).stats().bytes
+        else:
+            fetched = sum(result["remote"] for result in results)
     delivered = sum(result["delivered"] for result in results)
     return {
         "readers": readers,

@@ -76,8 +76,7 @@ class ParquetReader:
         return {**self.__dict__, "_footer": None}
 
     def count(self, shard: str) -> int:
-        with _Parquet(shard, self.storage_options) as parquet:
-            self._footer = (shard, parquet.metadata)
+        self._footer = (shard, _footer(shard, self.storage_options))
         return int(self._footer[1].num_rows)
 
     def identity(self, shard: str) -> str:
@@ -86,8 +85,7 @@ class ParquetReader:
         stored = file_identity(shard, self.storage_options)
         footer, self._footer = self._footer, None
         if footer is None or footer[0] != shard:
-            with _Parquet(shard, self.storage_options) as parquet:
-                footer = (shard, parquet.metadata)
+            footer = (shard, _footer(shard, self.storage_options))
         metadata = footer[1]
         schema = [(c.path, c.physical_type, str(c.logical_type)) for c in metadata.schema]
         groups = ",".join(_row_group(metadata.row_group(i)) for i in range(metadata.num_row_groups))
@@ -180,6 +178,29 @@ def _identity(reader: Any, shard: str, stored: str, content: str) -> str:
             raise ValueError(f"checksums has no entry for shard {shard!r}: give one per shard, or none")
         parts.append(f"checksum={reader.checksums[shard]}")
     return ";".join(parts)
+
+
+def _footer(shard: str, storage_options: Mapping[str, Any] | None) -> Any:
+    """The parquet footer alone, in two exact reads (its length, then it), so counting a remote
+    shard moves its footer's bytes and no more (pyarrow would read the last 64 KiB)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with open_shard(shard, storage_options) as file:
+        try:
+            size = file.seek(0, io.SEEK_END)
+            file.seek(max(size - 8, 0))
+            tail = file.read(8)
+            length = int.from_bytes(tail[:4], "little")
+            if len(tail) != 8 or tail[4:] != b"PAR1" or length + 12 > size:
+                raise ValueError("not a parquet file: no PAR1 footer")
+            file.seek(size - 8 - length)
+            footer = file.read(length)
+            return pq.read_metadata(pa.py_buffer(b"PAR1" + footer + tail))
+        except ShardReadError:
+            raise
+        except Exception as error:  # ValueError above, ArrowInvalid for a corrupt footer
+            raise ShardReadError(f"could not open shard {shard!r}: {error}") from error
 
 
 def _row_group(group: Any) -> str:
