@@ -1,0 +1,86 @@
+"""``ShardedStream`` against litdata, mosaicml-streaming (py1e) and HF ``datasets`` (buffer shuffle),
+in one run on the same records (64 shards sorted by class, window / block / buffer of 8 shards'
+records for every system): resume cost and records repeated or lost after a stop and resume
+mid-epoch (same and other worker count), shuffle quality, throughput at 0 and 4 workers.
+
+Ours runs in this venv; the peers in ``.bench-venv`` (litdata and mosaicml-streaming would replace
+this project's torch): ``benchmarks/stream_peers.py`` is run there once per system and task.
+
+    python -m benchmarks.cases_stream_peers --records 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_PYTHON = ROOT / ".bench-venv" / "bin" / "python"
+SYSTEMS = ("ours", "litdata", "mosaic", "hf")
+BATCH, CLASSES = 256, 10
+
+
+def task(system: str, root: Path, records: int, name: str) -> dict[str, Any]:
+    python = sys.executable if system == "ours" else str(BENCH_PYTHON)
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")} if system == "ours" else {
+        key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # fmt: skip
+    done = subprocess.run([python, str(ROOT / "benchmarks" / "stream_peers.py"), system, str(root), str(records), name],
+                          capture_output=True, text=True, env=environment, timeout=3000)  # fmt: skip
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1][:200]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def quality(order: list[int], records: int) -> dict[str, float]:
+    """P(two batch-mates share a class) (ideal 1/CLASSES) and the class TV of the first 10 batches."""
+    labels = np.asarray(order) * CLASSES // records
+    batches = [labels[i : i + BATCH] for i in range(0, len(labels) - BATCH + 1, BATCH)]
+    same = np.mean([(np.bincount(b, minlength=CLASSES) * (np.bincount(b, minlength=CLASSES) - 1)).sum()
+                    / (len(b) * (len(b) - 1)) for b in batches])  # fmt: skip
+    first = np.bincount(labels[: 10 * BATCH], minlength=CLASSES) / (10 * BATCH)
+    return {"same_class_mates": float(same), "first_tv": float(0.5 * np.abs(first - 1 / CLASSES).sum())}
+
+
+def run(records: int, systems: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        task("ours", root, records, "write")  # the parquet shards, which HF reads too
+        for system in systems:
+            print(f"  {system} ...", file=sys.stderr, flush=True)
+            result: dict[str, Any] = {}
+            if system in ("litdata", "mosaic"):
+                result.update(task(system, root, records, "write"))
+            epoch = task(system, root, records, "epoch")
+            order = epoch.pop("order", None)
+            result.update(epoch)
+            if order is not None:
+                result.update(quality(order, records))
+                result["epoch_records"] = len(order)
+            result.update({f"stop_{k}": v for k, v in task(system, root, records, "stop").items()})
+            for workers in (0, 2):
+                result.update({f"resume{workers}_{k}": v for k, v in task(system, root, records, f"resume-{workers}").items()})
+            results[system] = result
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cases_stream_peers", description=__doc__)
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    args = parser.parse_args(argv)
+    for system, result in run(args.records, tuple(args.systems)).items():
+        print(system, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
