@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_PYTHON = ROOT / ".bench-venv" / "bin" / "python"
 SYSTEMS = ("ours", "litdata", "mosaic", "hf")
-BATCH, CLASSES = 256, 10
+BATCH, CLASSES, SHARDS = 256, 10, 64
 
 
 def task(system: str, root: Path, records: int, name: str) -> dict[str, Any]:
@@ -46,7 +46,17 @@ def quality(order: list[int], records: int) -> dict[str, float]:
     same = np.mean([(np.bincount(b, minlength=CLASSES) * (np.bincount(b, minlength=CLASSES) - 1)).sum()
                     / (len(b) * (len(b) - 1)) for b in batches])  # fmt: skip
     first = np.bincount(labels[: 10 * BATCH], minlength=CLASSES) / (10 * BATCH)
-    return {"same_class_mates": float(same), "first_tv": float(0.5 * np.abs(first - 1 / CLASSES).sum())}
+    shards = np.asarray(order) * SHARDS // records  # the input's shards, in id order
+    return {"same_class_mates": float(same), "first_tv": float(0.5 * np.abs(first - 1 / CLASSES).sum()),
+            "mosaic_entropy": _entropy(np.asarray(order)) + _entropy(shards)}  # fmt: skip
+
+
+def _entropy(ordering: np.ndarray) -> float:
+    """Mosaic's shuffle-quality metric (streaming's simulation/core/shuffle_quality.py): the entropy,
+    in bits, of the gaps between consecutive ids; summed over records and shards. Higher is better."""
+    gaps = np.bincount(np.abs(np.diff(ordering)))
+    probabilities = gaps[gaps > 0] / (len(ordering) - 1)
+    return float(-(probabilities * np.log2(probabilities)).sum())
 
 
 def run(records: int, systems: tuple[str, ...]) -> dict[str, dict[str, Any]]:

@@ -165,18 +165,18 @@ class ShardCache:
             for entry in files:
                 if ".part-" in entry.name and not _alive(int(entry.name.rsplit("-", 2)[1])):
                     os.unlink(entry.path)  # a download whose process died
-            files = [entry for entry in files if os.path.exists(entry.path)]
-            used = sum(entry.stat().st_size for entry in files)
+            sizes = {entry.path: _size(entry) for entry in files}  # a download may rename its part meanwhile
+            used = sum(sizes.values())
             if used + size > self.max_bytes:
                 pinned = self._pinned()
                 done = sorted(
                     (entry for entry in files if entry.name.endswith(".shard") and entry.name[:-6] not in pinned),
-                    key=lambda entry: entry.stat().st_mtime_ns,
+                    key=_mtime,
                 )
                 for entry in done:
                     if used + size <= self.max_bytes:
                         break
-                    used -= entry.stat().st_size
+                    used -= sizes[entry.path]
                     os.unlink(entry.path)
                 if used + size > self.max_bytes and not demand:
                     return False
@@ -265,6 +265,20 @@ def _touch(path: Path) -> None:
         os.utime(path)
     except FileNotFoundError:
         pass
+
+
+def _size(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _mtime(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
 
 
 def _alive(pid: int) -> bool:
