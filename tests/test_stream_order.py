@@ -127,8 +127,8 @@ def test_a_resume_at_the_end_of_an_epoch_delivers_nothing_until_the_next_epoch()
     assert state["position"] == 12
     resumed = make_stream([7, 5], batch_size=4, window=1)
     resumed.load_state_dict(state)
-    assert len(resumed) == 0 and list(resumed) == []
-    assert (resumed.epoch, len(resumed)) == (1, 12)  # the empty pass ended the epoch: the next one follows
+    assert (len(resumed), resumed.remaining_length()) == (12, 0) and list(resumed) == []
+    assert (resumed.epoch, resumed.remaining_length()) == (1, 12)  # the empty pass ended the epoch: the next follows
     again = make_stream([7, 5], batch_size=4, window=1)
     again.load_state_dict(state)
     list(again)

@@ -120,6 +120,7 @@ class StreamTwins(RuleBasedStateMachine):
         assert self.twin.stream.epoch == self.live.stream.epoch
         if self.live.between_passes and self.twin.between_passes:
             assert len(self.twin.stream) == len(self.live.stream)
+            assert self.twin.stream.remaining_length() == self.live.stream.remaining_length()
             assert self.twin.stream.state_dict() == self.live.stream.state_dict()
 
 

@@ -32,6 +32,7 @@ from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.policies import Tail
 from stateful_sampler.order.shards import EpochWindows, ShardedShuffle
+from stateful_sampler.sampler import _pass_start_hooks  # add_pass_start_hook's hooks run for streams too
 from stateful_sampler.stream.layout import StreamLayout
 from stateful_sampler.stream.readers import ShardReader, ShardReadError
 from stateful_sampler.stream.state import STREAM_STATE_VERSION, Manifest, StreamState, shard_identities
@@ -205,6 +206,13 @@ class ShardedStream(IterableDataset):
         return StreamLayout(self.tail, self.order.size, world_size, origin)
 
     def __len__(self) -> int:
+        """This rank's records in the epoch of the pass under way (else of the next pass), counted from
+        the epoch's start as Lightning expects, as ``StatefulSampler``'s: a pass resumed mid-epoch counts
+        the part before it as if these ranks had taken it."""
+        layout = self.layout()
+        return -(-layout.origin // layout.world_size) + layout.local_length
+
+    def remaining_length(self) -> int:
         """This rank's records in the pass under way, else in the pass the next ``iter()`` begins."""
         return self.layout().local_length
 
@@ -253,6 +261,9 @@ class ShardedStream(IterableDataset):
             self._pass_ended = True
 
     def _begin_pass(self) -> _Pass:
+        self._pass_ended = True  # the previous pass, if any, is over: the hooks see the pass about to begin
+        for hook in tuple(_pass_start_hooks):  # SamplerCheckpoint restores, verify records: as for a sampler
+            hook(self)  # type: ignore[arg-type]
         start = self._upcoming()
         if start.epoch > MAX_EPOCH:
             raise ValueError(f"epoch must be at most {MAX_EPOCH}: the pass after epoch {start.epoch - 1} is past it")
