@@ -50,9 +50,9 @@ def write_shards(root: Path, shards: int, rows: int) -> list[str]:
 
 def _reader(args: tuple[Any, ...]) -> Result:
     """One reader (a rank's worker): its share of epoch 0, read through the cache or straight from S3."""
-    urls, options, cache_dir, readers, rank, barrier, counts = args
+    urls, options, cache_dir, readers, rank, barrier, counts, max_bytes = args
     inner = ParquetReader(storage_options=options)
-    reader = ShardCache(inner, cache_dir, max_bytes=1 << 40) if cache_dir else inner
+    reader = ShardCache(inner, cache_dir, max_bytes=max_bytes) if cache_dir else inner
     stream = ShardedStream(urls, reader, batch_size=BATCH, window=WINDOW, seed=SEED, num_replicas=readers,
                            rank=rank, counts=counts)  # fmt: skip
     barrier.wait()
@@ -63,16 +63,21 @@ def _reader(args: tuple[Any, ...]) -> Result:
     return {"delivered": delivered, "rows": inner.stats.rows, "remote": remote.transferred[0] - before}
 
 
-def node_io(urls: list[str], options: dict[str, Any], paths: list[str], readers: int, cached: bool) -> Result:
-    """All readers of one node at once; bytes from storage per byte of data, rows decoded per record."""
+def node_io(
+    urls: list[str], options: dict[str, Any], paths: list[str], readers: int, cached: bool, windows: int = 0
+) -> Result:
+    """All readers of one node at once; bytes from storage per byte of data, rows decoded per record.
+    ``windows``: the cache's size in windows (0: unbounded). The readers are not kept in step."""
     counts = [ParquetReader().count(path) for path in paths]
     size = sum(os.path.getsize(path) for path in paths)
+    max_bytes = windows * WINDOW * max(os.path.getsize(path) for path in paths) if windows else 1 << 40
     with tempfile.TemporaryDirectory() as cache_dir:
         context = multiprocessing.get_context("fork")
         barrier = context.Manager().Barrier(readers)
         started = time.perf_counter()
         with context.Pool(readers) as pool:
-            jobs = [(urls, options, cache_dir if cached else None, readers, r, barrier, counts) for r in range(readers)]
+            jobs = [(urls, options, cache_dir if cached else None, readers, r, barrier, counts, max_bytes)
+                    for r in range(readers)]  # fmt: skip
             results = pool.map(_reader, jobs)
         seconds = time.perf_counter() - started
         # With the cache, the log has every transfer of the node (downloads and footers); without
@@ -85,6 +90,7 @@ def node_io(urls: list[str], options: dict[str, Any], paths: list[str], readers:
     return {
         "readers": readers,
         "cached": cached,
+        "cache_windows": windows,
         "bytes_per_byte": fetched / size,
         "rows_per_record": sum(result["rows"] for result in results) / delivered,
         "seconds": seconds,
@@ -157,6 +163,8 @@ def run(quick: bool) -> list[tuple[str, Any]]:
         out.append(("data", {"shards": shards, "rows": rows, "MiB": size / 2**20, "window": WINDOW}))
         for readers in reader_counts:
             out.append(("node_io", node_io(urls, options, paths, readers, cached=True)))
+        out.append(("node_io", node_io(urls, options, paths, 8, cached=True, windows=3)))
+        out.append(("node_io", node_io(urls, options, paths, 8, cached=False)))
         out.append(("node_io", node_io(urls, options, paths, reader_counts[-1], cached=False)))
         out.append(("resume", resume_cost(urls, options, counts)))
         out.append(("steady", steady_state(urls, options, paths, counts)))
@@ -183,11 +191,12 @@ def figure(full: bool, run_case: Any, figures: Any) -> None:
     name = "stream from S3 (moto on 127.0.0.1), node-local cache"
     for kind, result in run(not full):
         if kind == "node_io":
-            system = "ours, ShardCache" if result["cached"] else "ours, no cache (each reader reads S3)"
+            bound = f" of {result['cache_windows']} windows" if result["cache_windows"] else ""
+            system = f"ours, ShardCache{bound}" if result["cached"] else "ours, no cache (each reader reads S3)"
             case = f"{result['readers']} readers"
             figures.rows.append(Row(name, case, system, result["bytes_per_byte"], "B fetched / B data",
                                     note=f"{result['rows_per_record']:.2f} rows decoded per record"))  # fmt: skip
-            if result["cached"]:
+            if result["cached"] and not result["cache_windows"]:
                 figures.checks.append(Check(f"bytes fetched per byte ≤ 1.05 per node, {case}",
                                             f"{result['bytes_per_byte']:.3f}", result["bytes_per_byte"] <= 1.05))  # fmt: skip
         elif kind == "resume":
