@@ -59,7 +59,8 @@ class ShardCache:
         directory: on the node's local disk, the same for every rank and worker of the node.
         max_bytes: the cache's size. At least the current and the next window of every reader on
             the node must fit; when live readers pin more, a read still fetches (the size is
-            passed) and the prefetch waits, so no reader refetches or blocks.
+            passed) and a prefetch is skipped (the read fetches that shard when it needs it), so
+            no reader blocks on another.
         prefetch: fetch the next window in a background thread while the current one trains.
 
     Example:
