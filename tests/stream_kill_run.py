@@ -109,7 +109,11 @@ def verified(root: Path) -> None:
             optimizer.step()
             step += 1
             if step % 5 == 0:
-                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict()}
+                state = {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "loader": loader.state_dict(),
+                }
                 torch.save({**state, "step": step}, root / "next.pt")
                 os.replace(root / "next.pt", checkpoint)
     record_weights(model)

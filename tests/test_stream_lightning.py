@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("lightning.pytorch")
 
-from tests.helpers import free_port  # noqa: E402
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def steps(root: Path, rank: int) -> list[dict]:
     restarts = [i for i in range(1, len(lines)) if lines[i]["step"] <= lines[i - 1]["step"]]
     if not restarts:
         return lines
-    resumed = lines[restarts[0]:]
+    resumed = lines[restarts[0] :]
     return [line for line in lines[: restarts[0]] if line["step"] < resumed[0]["step"]] + resumed
 
 
@@ -83,3 +83,25 @@ def test_lightning_on_a_stream_stopped_by_max_steps_resumes_exactly_in_process(t
     expected = steps(whole, 0)
     assert len(expected) == 40 and [line["step"] for line in expected] == list(range(40))
     assert [line for line in steps(cut, 0)] == expected
+
+
+def test_lightning_on_a_plain_dataloader_over_a_stream_stops_with_the_streams_error(tmp_path: Path) -> None:
+    """Refused at the first batch. Lightning's teardown then fails in turn ("Please call iter(combined_loader)
+    first", its clean-up after any error inside iter(loader)), so the stream's error is the one it chains."""
+    from lightning.pytorch import Trainer
+    from torch.utils.data import DataLoader
+
+    from stateful_sampler.lightning import SamplerCheckpoint
+    from stateful_sampler.stream import StreamSetupError
+    from tests.stream_lightning_run import Recording, StreamData
+
+    class PlainLoader(StreamData):
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(super().train_dataloader().dataset, batch_size=2)
+
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, callbacks=[SamplerCheckpoint()],
+                      enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    with pytest.raises(Exception) as raised:
+        trainer.fit(Recording(tmp_path), PlainLoader(workers=0))
+    error = raised.value if isinstance(raised.value, StreamSetupError) else raised.value.__context__
+    assert isinstance(error, StreamSetupError) and "build it with stream.loader(" in str(error)

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
 from stateful_sampler.stream import ParquetReader, ShardedStream, ShardReadError
 from tests.stream_helpers import MemoryReader

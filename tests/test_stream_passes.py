@@ -203,7 +203,7 @@ def test_a_seeded_transform_draws_the_same_augmentation_after_a_resume_at_anothe
     resumed = stream(3)  # another batch size too
     resumed.load_state_dict(state)
     after, _ = augmented(resumed, resumed_workers)
-    assert before + after == uninterrupted and len(set(noise for *_, noise in uninterrupted)) == 18
+    assert before + after == uninterrupted and len({noise for *_, noise in uninterrupted}) == 18
 
 
 def test_a_seeded_transform_seeds_a_record_as_seeded_dataset_seeds_its_index() -> None:
@@ -253,6 +253,8 @@ def test_a_reader_returning_a_generator_is_refused_naming_the_shard_and_rows() -
 
 def test_an_epoch_past_the_limit_is_refused_at_set_epoch() -> None:
     stream = make_stream(COUNTS, batch_size=2)
-    with pytest.raises(ValueError, match=r"epoch must be at least 0 and at most 4611686018427387903, got 18446744073709551616"):
+    with pytest.raises(
+        ValueError, match=r"epoch must be at least 0 and at most 4611686018427387903, got 18446744073709551616"
+    ):
         stream.set_epoch(2**64)
     assert stream.epoch == 0

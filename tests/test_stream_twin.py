@@ -66,7 +66,9 @@ class StreamTwins(RuleBasedStateMachine):
         world_and_rank=st.sampled_from([(1, 0), (2, 0), (2, 1), (3, 2)]),
         tail=st.sampled_from(["pad", "drop"]),
     )
-    def build(self, counts: list[int], batch_size: int, window: int, world_and_rank: tuple[int, int], tail: str) -> None:
+    def build(
+        self, counts: list[int], batch_size: int, window: int, world_and_rank: tuple[int, int], tail: str
+    ) -> None:
         world, rank = world_and_rank
         if tail == "drop" and sum(counts) < world:
             tail = "pad"

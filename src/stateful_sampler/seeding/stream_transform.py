@@ -9,7 +9,8 @@ record's key words, so it draws the same augmentation too.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stateful_sampler.checks import check_int
 from stateful_sampler.keys import SampleKey

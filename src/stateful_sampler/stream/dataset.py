@@ -494,5 +494,8 @@ def _dataloader_of(loader: Any, stream: ShardedStream) -> DataLoader | None:
 
 def _called_by_a_fetcher() -> bool:
     """``iter(stream)`` from a DataLoader's dataset fetcher (torch's or torchdata's), not a direct loop."""
-    caller = sys._getframe(2).f_locals.get("self")
+    try:
+        caller = sys._getframe(2).f_locals.get("self")
+    except ValueError:  # iter() called from no Python frame at all
+        return False
     return type(caller).__name__.endswith("IterableDatasetFetcher")
