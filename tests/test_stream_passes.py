@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from stateful_sampler import IncompatibleStateError
+from stateful_sampler.loader import ResumableLoader
 from stateful_sampler.stream import KeyedTransform, SeededTransform, ShardedStream, StreamSetupError
 from tests.stream_helpers import MemoryReader, make_stream
 
@@ -129,6 +130,9 @@ def test_persistent_workers_are_refused_at_iter() -> None:
         stream.loader(num_workers=1, persistent_workers=True)
     with pytest.raises(StreamSetupError, match=r"build it with stream.loader"):
         next(iter(DataLoader(stream, batch_size=2, num_workers=1, persistent_workers=True)))
+    resumable = ResumableLoader(DataLoader(stream, batch_size=2, num_workers=1, persistent_workers=True))
+    with pytest.raises(StreamSetupError, match=r"persistent_workers=True keeps workers"):
+        iter(resumable).__next__()
 
 
 # -- 5. content identity
