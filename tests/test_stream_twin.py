@@ -127,7 +127,7 @@ class StreamTwins(RuleBasedStateMachine):
 
 
 TestStreamTwinsWithoutWorkers = StreamTwins.TestCase
-TestStreamTwinsWithoutWorkers.settings = settings(max_examples=40, stateful_step_count=20)
+TestStreamTwinsWithoutWorkers.settings = settings(max_examples=200, stateful_step_count=20)
 
 
 class StreamTwinsWithWorkers(StreamTwins):
