@@ -48,33 +48,32 @@ class S3Server:
 def s3_server(timeout: float = 60.0) -> Iterator[S3Server]:
     """moto's server on a free port; waits until it answers (or raises with its output), stops it after."""
     port = free_port()
-    log = tempfile.TemporaryFile()  # not a pipe: moto logs every request, and a full pipe would stall it
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **CREDENTIALS},
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if process.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"moto server exited with {process.returncode}: {log.read().decode()[-3000:]}")
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"moto server on {endpoint} did not answer within {timeout} s") from None
-                time.sleep(0.1)
-        yield S3Server(endpoint)
-    finally:
-        process.terminate()
+    with tempfile.TemporaryFile() as log:  # not a pipe: moto logs every request, and a full pipe would stall it
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **CREDENTIALS},
+        )
+        endpoint = f"http://127.0.0.1:{port}"
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+            deadline = time.monotonic() + timeout
+            while True:
+                if process.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"moto server exited with {process.returncode}: {log.read().decode()[-3000:]}")
+                try:
+                    urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"moto server on {endpoint} did not answer within {timeout} s") from None
+                    time.sleep(0.1)
+            yield S3Server(endpoint)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

@@ -3,8 +3,8 @@
 from stateful_sampler.errors import StreamSetupError
 from stateful_sampler.order.shards import ShardedShuffle
 from stateful_sampler.seeding.stream_transform import KeyedTransform, SeededTransform
-from stateful_sampler.stream.dataset import ShardedStream, StreamLoader
 from stateful_sampler.stream.cache import CacheStats, ShardCache
+from stateful_sampler.stream.dataset import ShardedStream, StreamLoader
 from stateful_sampler.stream.readers import JsonlReader, ParquetReader, ReadStats, ShardReader, ShardReadError
 from stateful_sampler.stream.state import StreamState
 
@@ -14,11 +14,11 @@ __all__ = [
     "KeyedTransform",
     "ParquetReader",
     "ReadStats",
-    "ShardReadError",
+    "SeededTransform",
     "ShardCache",
+    "ShardReadError",
     "ShardReader",
     "ShardedShuffle",
-    "SeededTransform",
     "ShardedStream",
     "StreamLoader",
     "StreamSetupError",

@@ -164,7 +164,11 @@ class JsonlReader:
     def _lines(self, shard: str) -> Iterator[Iterator[bytes]]:
         with open_shard(shard, self.storage_options) as raw:
             file = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw, 1 << 20)
-            yield gzip.open(file) if shard.endswith(".gz") else file
+            if not shard.endswith(".gz"):
+                yield file
+                return
+            with gzip.open(file) as unzipped:
+                yield unzipped
 
 
 def _identity(reader: Any, shard: str, stored: str, content: str) -> str:
