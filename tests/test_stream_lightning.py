@@ -105,3 +105,25 @@ def test_lightning_on_a_plain_dataloader_over_a_stream_stops_with_the_streams_er
         trainer.fit(Recording(tmp_path), PlainLoader(workers=0))
     error = raised.value if isinstance(raised.value, StreamSetupError) else raised.value.__context__
     assert isinstance(error, StreamSetupError) and "build it with stream.loader(" in str(error)
+
+
+def test_lightning_resuming_a_stream_without_sampler_checkpoint_is_refused(tmp_path: Path) -> None:
+    """Without the callback nothing would put the stream at the saved position (Lightning sets no epoch on an
+    iterable dataset): the loader state Lightning saved refuses to load, naming SamplerCheckpoint."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from stateful_sampler.stream import StreamSetupError
+    from tests.stream_lightning_run import Recording, StreamData
+
+    def fit(max_steps: int, ckpt_path: str | None = None) -> None:
+        trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, max_steps=max_steps, logger=False,
+                          callbacks=[ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=1)],
+                          enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        trainer.fit(Recording(tmp_path), StreamData(workers=0), ckpt_path=ckpt_path)
+
+    fit(max_steps=7)
+    with pytest.raises(Exception) as raised:
+        fit(max_steps=-1, ckpt_path=str(tmp_path / "last.ckpt"))
+    error = raised.value if isinstance(raised.value, StreamSetupError) else raised.value.__context__
+    assert isinstance(error, StreamSetupError) and "add SamplerCheckpoint() to the Trainer's callbacks" in str(error)

@@ -467,6 +467,23 @@ class StreamLoader(DataLoader):
             return super().__iter__()
         return stream.loader_pass(_Unreported(self))
 
+    def state_dict(self) -> dict[str, Any]:
+        """What Lightning saves of a train loader that has a ``state_dict``: only a mark. The loader cannot
+        know what the loop consumed (Lightning fetches a batch ahead), so the position is saved by
+        ``SamplerCheckpoint``, or by ``ResumableLoader`` in any other loop."""
+        return {"stream_loader": "the position is in SamplerCheckpoint's or ResumableLoader's state"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Lightning restores the mark saved by ``state_dict`` only when no ``SamplerCheckpoint`` took its place
+        (the callback empties it): a resume that nothing would put at the saved position is refused."""
+        if not state:
+            return
+        raise StreamSetupError(
+            "a checkpoint restores this StreamLoader, but the stream's position is saved by "
+            "stateful_sampler.lightning.SamplerCheckpoint (Lightning) or ResumableLoader (other loops): add "
+            "SamplerCheckpoint() to the Trainer's callbacks and save the checkpoint again with it"
+        )
+
 
 class _Unreported:
     """``StreamLoader`` seen as a plain ``DataLoader`` by ``loader_pass``: iterating it does not report again."""
