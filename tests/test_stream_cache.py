@@ -8,6 +8,7 @@ import multiprocessing
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stateful_sampler.stream import ParquetReader, ShardCache, ShardedStream
@@ -145,3 +146,44 @@ def test_the_order_through_the_cache_is_the_reader_order_and_each_shard_is_fetch
     downloads = fetched(tmp_path / "cache")[len(paths) :]  # after the footers
     assert sorted(downloads) == sorted(paths)  # once each, for every reader
     assert cached(tmp_path / "cache") <= 5
+
+
+class WindowLog:
+    """A reader that records the windows the stream announces and the shards it then reads."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+        self.events: list[tuple[str, list[str], list[str]]] = []
+
+    def count(self, shard: str) -> int:
+        return self.counts[shard]
+
+    def read(self, shard: str, start: int, stop: int) -> list[int]:
+        self.events.append(("read", [shard], []))
+        return list(range(start, stop))
+
+    def enter_window(self, shards: list[str], next_shards: list[str]) -> None:
+        self.events.append(("enter", list(shards), list(next_shards)))
+
+
+@pytest.mark.parametrize(("epoch", "resume_at"), [(0, 0), (1, 0), (1, 37)])
+def test_the_stream_announces_each_window_and_the_next_before_reading_it(epoch: int, resume_at: int) -> None:
+    names = [f"s{i}" for i in range(7)]
+    reader = WindowLog(dict(zip(names, [10, 3, 8, 10, 5, 10, 9])))
+    stream = ShardedStream(names, reader, batch_size=4, window=3, seed=2)
+    stream.set_epoch(epoch)
+    if resume_at:
+        stream.load_state_dict({**stream.state_dict(consumed_batches=0), "position": resume_at})
+    list(stream)
+    windows = stream.order.epoch(epoch)
+    first = int(windows.window_of(np.array([resume_at]))[0])
+    expected = [[names[s] for s in windows.window_shards(w).tolist()] for w in range(first, windows.windows)]
+    entered = [event for event in reader.events if event[0] == "enter"]
+    assert [shards for _, shards, _ in entered] == expected
+    assert [following for _, _, following in entered] == expected[1:] + [[]]
+    current: list[str] = []
+    for kind, shards, _ in reader.events:  # every read is of a shard of the window last announced
+        if kind == "enter":
+            current = shards
+        else:
+            assert shards[0] in current

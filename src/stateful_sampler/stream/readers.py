@@ -119,9 +119,9 @@ class ParquetReader:
 class JsonlReader:
     """JSON Lines shards (one JSON value per line), by path or URL, optionally gzip-compressed (``.gz``).
 
-    ``count`` reads the whole shard: for remote shards pass ``counts=`` to the stream (or wrap the
-    reader in a ``ShardCache``, which counts once per node). ``read`` scans to ``stop`` and decodes
-    only rows ``start .. stop - 1``.
+    ``count`` reads the whole shard (JSON Lines has no footer): for remote shards pass ``counts=``
+    to the stream, or each shard is read once more to count it (once per node under a
+    ``ShardCache``). ``read`` scans to ``stop`` and decodes only rows ``start .. stop - 1``.
 
     Example:
         >>> stream = ShardedStream(["s3://bucket/a.jsonl"], JsonlReader(), batch_size=8)  # doctest: +SKIP
