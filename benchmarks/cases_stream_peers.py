@@ -96,3 +96,20 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def figure(full: bool, run_case: Any, figures: Any) -> None:
+    """``python -m benchmarks --only stream-peers`` (the peers need ``.bench-venv``; 2*10^4 records, or
+    10^6 resume-only with --full). The published table is ``python -m benchmarks.cases_stream_peers``."""
+    from benchmarks.figures import Row
+
+    records = 1_000_000 if full else 20_000  # quick: about 2 minutes (HF reads about 1,300 records/s here)
+    name = f"streams side by side, {records:,} class-sorted records"
+    for system, result in run(records, SYSTEMS if BENCH_PYTHON.exists() else ("ours",), resume_only=full).items():
+        lost = f"{result.get('resume0_lost', '?')} lost, {result.get('resume0_repeated', '?')} repeated"
+        figures.rows.append(Row(name, "resume to the first batch", system, result.get("resume0_first_batch_s"), "s",
+                                result.get("resume0_rss_mib"), note=lost))  # fmt: skip
+        if "same_class_mates" in result:
+            figures.rows.append(Row(name, "P(batch-mates share a class)", system, result["same_class_mates"], "",
+                                    note=f"Mosaic entropy {result.get('mosaic_entropy', 0):.2f}"))  # fmt: skip
+            figures.rows.append(Row(name, "records/s, 0 workers", system, result.get("rate_0"), "rec/s"))
