@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 BATCH, SHARDS, WINDOW, CLASSES = 256, 64, 8, 10
-def MEMORY(records: int) -> int:  # noqa: N802 - a constant of the record count
+def shuffle_memory(records: int) -> int:
     """Records a shuffle may hold, for every system: one window of ours."""
     return WINDOW * records // SHARDS
 
@@ -115,13 +115,13 @@ def build(system: str, root: Path, records: int, workers: int, seed: int = 0) ->
 
         clean_stale_shared_memory()
         dataset = StreamingDataset(local=str(root / "mosaic"), shuffle=True, shuffle_algo="py1e", shuffle_seed=seed,
-                                   batch_size=BATCH, shuffle_block_size=MEMORY(records))  # fmt: skip
+                                   batch_size=BATCH, shuffle_block_size=shuffle_memory(records))  # fmt: skip
         return dataset, StreamingDataLoader(dataset, batch_size=BATCH, num_workers=workers)
     if system == "hf":
         from datasets import load_dataset
 
         dataset = load_dataset("parquet", data_files=parquet_paths(root), split="train", streaming=True)
-        dataset = dataset.shuffle(seed=seed, buffer_size=MEMORY(records))
+        dataset = dataset.shuffle(seed=seed, buffer_size=shuffle_memory(records))
         return dataset, None  # iterated directly: its state_dict is the dataset's (0 workers)
     raise ValueError(system)
 
