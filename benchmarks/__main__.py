@@ -17,7 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.cases_stream_peers import figure as stream_peers
+from benchmarks.cases_stream_remote import figure as stream_remote
 from benchmarks.figures import FIGURES, Figures
+
+FIGURES.update({"stream-remote": stream_remote, "stream-peers": stream_peers})
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -35,8 +35,8 @@ _SAMPLER_STATE_MARKERS = ("size", "seed", "epoch", "position")
 
 # Where frameworks keep the loader or sampler they wrap: torch's DataLoader and BatchSampler,
 # Fabric's _FabricDataLoader (_dataloader), Accelerate's DataLoaderShard / BatchSamplerShard /
-# SkipDataLoader (batch_sampler, base_dataloader).
-_WRAPPED = ("sampler", "batch_sampler", "_dataloader", "base_dataloader", "dataloader", "loader")
+# SkipDataLoader (batch_sampler, base_dataloader); a DataLoader's dataset, for a DatasetOrder (ShardedStream).
+_WRAPPED = ("sampler", "batch_sampler", "_dataloader", "base_dataloader", "dataloader", "loader", "dataset")
 _MAX_DEPTH = 6
 _LOADERS = ("_dataloader", "base_dataloader", "dataloader", "loader")  # where wrappers keep the loader they iterate
 
@@ -438,7 +438,7 @@ def _path_to_sampler(obj: Any, path: list[Any], seen: set[int]) -> list[Any] | N
     if id(obj) in seen or len(path) > _MAX_DEPTH:
         return None
     seen.add(id(obj))
-    if isinstance(obj, StatefulSampler):
+    if isinstance(obj, (StatefulSampler, DatasetOrder)):
         return [*path, obj]
     for name in _WRAPPED:
         inner = getattr(obj, name, None)

@@ -10,18 +10,22 @@ nor line up across worker counts. Here every seed is derived from saved, structu
   for an exact restart at an epoch boundary with the same worker count.
 - ``SeededDataset(dataset)``: each sample's streams come from (seed, epoch, index). Exact after a
   mid-epoch resume, and whatever the worker count or world size.
+- ``SeededTransform(fn)``: the same for a ``ShardedStream`` transform, ``fn(record, rng)``.
 """
 
 from stateful_sampler.seeding.dataset import SeededDataset
 from stateful_sampler.seeding.process_rngs import GLOBAL_RNGS, GlobalRNGThreadError
+from stateful_sampler.seeding.stream_transform import KeyedTransform, SeededTransform
 from stateful_sampler.seeding.streams import _TORCH_GENERATOR, SampleRNG, seed_globals
 from stateful_sampler.seeding.worker import WorkerSeeder, WorkerSeeds, seed_worker
 
 __all__ = [
     "GLOBAL_RNGS",
     "GlobalRNGThreadError",
+    "KeyedTransform",
     "SampleRNG",
     "SeededDataset",
+    "SeededTransform",
     "WorkerSeeder",
     "WorkerSeeds",
     "_TORCH_GENERATOR",
