@@ -216,6 +216,20 @@ class ShardedStream(IterableDataset):
         """This rank's records in the pass under way, else in the pass the next ``iter()`` begins."""
         return self.layout().local_length
 
+    def pass_length(self) -> int:
+        """This rank's records in the pass under way, counted from its start, else in the next pass (what
+        ``StatefulSampler.pass_length`` gives Lightning's epoch-length bookkeeping): ``remaining_length``,
+        since a stream's pass under way reports the position it started from."""
+        return self.remaining_length()
+
+    def _settle_pass(self) -> None:
+        """Done with a pass the loop took to its end: the next pass starts at the next epoch, and
+        ``state_dict(consumed_batches=k)`` counts from there (``ResumableLoader`` calls this at each
+        ``iter()`` when no pass of its own is under way, as it does ``StatefulSampler``'s). A pass under
+        way is left as it is: a loader that broke off settles it itself at the batches it consumed."""
+        if self._pass is not None and self._pass_ended:
+            self._next, self._pass, self._pass_ended = self._upcoming(), None, False
+
     # -- loaders
 
     def loader(self, **kwargs: Any) -> StreamLoader:
