@@ -5,6 +5,12 @@ Both give ``batch_size``, ``seed``, ``epoch``, ``num_replicas``, ``set_epoch``,
 ``state_dict(consumed_batches=...)`` and ``load_state_dict``; a dataset order also has
 ``loader_pass(loader)``, which iterates the loader as one pass of the order, so that the order knows
 where each pass begins and ends although its copies in the workers deliver the records.
+
+``ResumableLoader`` also reads, of either, ``len()`` and ``remaining_length()`` (this rank's records of
+the epoch, and of the pass under way or the next), ``pass_length()`` (Lightning's bookkeeping), and
+calls ``_settle_pass()`` at an ``iter()`` with no pass of its own under way and checks ``_pass`` (a
+pass begun since the last load or ``set_epoch``): the seam through which a pass taken to its end is
+done with, and one the loader broke off is put back at the batches it consumed.
 """
 
 from __future__ import annotations
