@@ -22,7 +22,7 @@ from tests.stream_helpers import make_stream
 from tests.test_twin_loader import ResumableTwins
 
 EXAMPLES = int(os.environ.get("TWIN_STREAM_LOADER_EXAMPLES", 150))  # without workers
-WORKER_EXAMPLES = int(os.environ.get("TWIN_STREAM_LOADER_WORKER_EXAMPLES", 8))  # each pass starts 2 processes
+WORKER_EXAMPLES = int(os.environ.get("TWIN_STREAM_LOADER_WORKER_EXAMPLES", 25))  # each pass starts 2 processes
 
 
 def record_id(record: tuple[str, int]) -> int:
@@ -69,7 +69,7 @@ class ResumableStreamTwins(ResumableTwins):
 def _variant(workers: int) -> type[ResumableStreamTwins]:
     machine = type(f"ResumableStreamTwins_{workers}_workers", (ResumableStreamTwins,),
                    {"workers": workers, "max_world": 2 if workers == 0 else 1})  # fmt: skip
-    examples, steps = (EXAMPLES, 20) if workers == 0 else (WORKER_EXAMPLES, 10)
+    examples, steps = (EXAMPLES, 20) if workers == 0 else (WORKER_EXAMPLES, 12)
     machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None)
     return machine
 
