@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -21,8 +20,8 @@ from stateful_sampler import ResumableLoader
 from tests.stream_helpers import make_stream
 from tests.test_twin_loader import ResumableTwins
 
-EXAMPLES = int(os.environ.get("TWIN_STREAM_LOADER_EXAMPLES", 150))  # without workers
-WORKER_EXAMPLES = int(os.environ.get("TWIN_STREAM_LOADER_WORKER_EXAMPLES", 25))  # each pass starts 2 processes
+EXAMPLES = int(os.environ.get("TWIN_STREAM_LOADER_EXAMPLES", "150"))  # without workers
+WORKER_EXAMPLES = int(os.environ.get("TWIN_STREAM_LOADER_WORKER_EXAMPLES", "25"))  # each pass starts 2 processes
 
 
 def record_id(record: tuple[str, int]) -> int:
