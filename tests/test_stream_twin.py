@@ -135,4 +135,4 @@ class StreamTwinsWithWorkers(StreamTwins):
 
 
 TestStreamTwinsWithWorkers = pytest.mark.slow(StreamTwinsWithWorkers.TestCase)
-TestStreamTwinsWithWorkers.settings = settings(max_examples=6, stateful_step_count=10)
+TestStreamTwinsWithWorkers.settings = settings(max_examples=30, stateful_step_count=15)

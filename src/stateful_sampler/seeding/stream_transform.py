@@ -26,7 +26,7 @@ class KeyedTransform:
 
     takes_key = True
 
-    def __init__(self, fn: Callable[[Any, SampleKey], Any]) -> None:
+    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         self.fn = fn

@@ -475,7 +475,7 @@ class StreamLoader(DataLoader):
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         dataset._check_loader(self)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         stream: ShardedStream = self.dataset  # type: ignore[assignment]
         if stream._driving:  # an outer loader_pass is starting this pass
             return super().__iter__()

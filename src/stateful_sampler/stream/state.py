@@ -116,7 +116,7 @@ class StreamState:
             wanted = str if kind == "str" else int
             if type(value) is not wanted or (wanted is int and value < 0):
                 raise IncompatibleStateError(name, value, f"a non-negative {kind}" if kind == "int" else kind)
-        if data["epoch"] > MAX_EPOCH:
+        if int(data["epoch"]) > MAX_EPOCH:
             raise IncompatibleStateError("epoch", data["epoch"], f"at most {MAX_EPOCH}")
         if data["tail"] not in (Tail.PAD.value, Tail.DROP.value):
             raise IncompatibleStateError("tail", data["tail"], ["pad", "drop"])
