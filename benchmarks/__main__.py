@@ -18,9 +18,12 @@ import numpy as np
 import torch
 
 from benchmarks.cases_packing import packing
+from benchmarks.cases_stream_peers import figure as stream_peers
+from benchmarks.cases_stream_remote import figure as stream_remote
 from benchmarks.figures import FIGURES, Figures
 
-FIGURES = {**FIGURES, "packing": packing}  # issue 19's figure, kept in its own module
+# issues 18 and 19's figures, each kept in its own module
+FIGURES = {**FIGURES, "packing": packing, "stream-remote": stream_remote, "stream-peers": stream_peers}
 
 ROOT = Path(__file__).resolve().parent.parent
 

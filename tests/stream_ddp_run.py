@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
 
 from stateful_sampler.stream import ParquetReader, ShardedStream
 
@@ -34,7 +33,7 @@ def main(shard_dir: str, out_dir: str, name: str, workers: int, stop_after: int,
         stream.load_state_dict(json.loads(Path(state).read_text()))
     # Forking a worker from a rank whose gloo threads run can hang the child: start them from a fork server.
     context = "forkserver" if workers else None
-    loader = DataLoader(stream, batch_size=BATCH, num_workers=workers, multiprocessing_context=context)
+    loader = stream.loader(num_workers=workers, multiprocessing_context=context)
     seen: list[dict] = []
     out = Path(out_dir)
     for epoch in range(stream.epoch, EPOCHS):

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
 from stateful_sampler.stream import ParquetReader, ShardedStream, ShardReadError
 from tests.stream_helpers import MemoryReader
@@ -49,7 +48,7 @@ def run(data: ShardedStream, workers: int, epochs: range, stop_after: int | None
     """A training loop: per epoch, the ids of each batch; stops (like a crash) after ``stop_after``
     batches, returning the state saved at that point."""
     seen: list[list[int]] = []
-    loader = DataLoader(data, batch_size=BATCH, num_workers=workers)
+    loader = data.loader(num_workers=workers)
     for epoch in epochs:
         data.set_epoch(epoch)
         for consumed, (ids, _labels) in enumerate(loader, 1):
@@ -129,11 +128,11 @@ def test_a_missing_shard_is_named_and_the_batches_delivered_before_it_resume_exa
     uninterrupted, _ = run(stream(copies), 0, range(1))
     windows = stream(copies).order.epoch(0)
     lost = copies[int(windows.window_shards(2)[0])]  # a shard of the third window
+    data = stream(copies)  # counted and identified before the file went missing
     os.rename(lost, lost + ".away")
-    data = stream(copies, counts=COUNTS)  # counted before the file went missing
     delivered: list[list[int]] = []
     with pytest.raises(ShardReadError, match=rf"could not open shard '{lost}'"):
-        for ids, _labels in DataLoader(data, batch_size=BATCH, num_workers=workers):
+        for ids, _labels in data.loader(num_workers=workers):
             delivered.append(ids.tolist())
     assert 0 < len(delivered) < len(uninterrupted)
     state = data.state_dict(consumed_batches=len(delivered))

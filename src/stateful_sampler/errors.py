@@ -38,6 +38,10 @@ class ShardReadError(OSError):
     counts only the batches it received."""
 
 
+class StreamSetupError(ValueError):
+    """A loader around a ``ShardedStream`` that would deliver other records than its state counts."""
+
+
 class ConfigError(ValueError):
     """A LightningCLI config that is missing, not YAML, or that LightningCLI refuses."""
 

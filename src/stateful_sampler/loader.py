@@ -23,6 +23,7 @@ from stateful_sampler.checks import check_bool, check_int, check_optional_int
 from stateful_sampler.errors import DoubleShardingError, IncompatibleStateError, SamplerNotFoundError, StalePassError
 from stateful_sampler.order.layout import MAX_BATCH
 from stateful_sampler.plugins import load_plugins
+from stateful_sampler.resumable import DatasetOrder, loader_batches
 from stateful_sampler.sampler import StatefulSampler, set_consumed_source
 from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
 
@@ -35,8 +36,8 @@ _SAMPLER_STATE_MARKERS = ("size", "seed", "epoch", "position")
 
 # Where frameworks keep the loader or sampler they wrap: torch's DataLoader and BatchSampler,
 # Fabric's _FabricDataLoader (_dataloader), Accelerate's DataLoaderShard / BatchSamplerShard /
-# SkipDataLoader (batch_sampler, base_dataloader).
-_WRAPPED = ("sampler", "batch_sampler", "_dataloader", "base_dataloader", "dataloader", "loader")
+# SkipDataLoader (batch_sampler, base_dataloader); a DataLoader's dataset, for a DatasetOrder (ShardedStream).
+_WRAPPED = ("sampler", "batch_sampler", "_dataloader", "base_dataloader", "dataloader", "loader", "dataset")
 _MAX_DEPTH = 6
 _LOADERS = ("_dataloader", "base_dataloader", "dataloader", "loader")  # where wrappers keep the loader they iterate
 
@@ -229,8 +230,9 @@ class ResumableLoader:
 
     def _batches_before(self) -> int:
         """This rank's batches of the current epoch consumed before the next pass (a resume's)."""
-        layout = self.sampler.layout()
-        return -(-layout.local_before(self.sampler.rank) // self._records_per_batch)
+        # the layout's local_before(rank), for a stream too; __len__ is not len(): it may pass sys.maxsize
+        before = self.sampler.__len__() - self.sampler.remaining_length()
+        return -(-before // self._records_per_batch)
 
     # -- iteration
 
@@ -253,7 +255,7 @@ class ResumableLoader:
         if current.batches == 0 and self.batches_per_epoch is not None:
             self._end_capped_epoch(token, current)
             return
-        batches = iter(self.loader)
+        batches = iter(loader_batches(self.sampler, self.loader))
         while current.consumed < current.batches or self.batches_per_epoch is None:
             try:
                 batch = next(batches)
@@ -303,6 +305,8 @@ class ResumableLoader:
 
     def _sampler_state(self, current: _LoaderPass) -> dict[str, Any]:
         sampler = self.sampler
+        if isinstance(sampler, DatasetOrder):  # a stream counts its pass in batches of its own size
+            return sampler.state_dict(consumed_batches=current.consumed)
         local = min(current.consumed * self._records_per_batch, sampler._current_pass().layout.local_length(sampler.rank))
         return sampler._saved_state(sampler._cursor_after_local(local))
 
@@ -435,7 +439,7 @@ def _path_to_sampler(obj: Any, path: list[Any], seen: set[int]) -> list[Any] | N
     if id(obj) in seen or len(path) > _MAX_DEPTH:
         return None
     seen.add(id(obj))
-    if isinstance(obj, StatefulSampler):
+    if isinstance(obj, (StatefulSampler, DatasetOrder)):
         return [*path, obj]
     for name in _WRAPPED:
         inner = getattr(obj, name, None)

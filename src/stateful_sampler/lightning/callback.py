@@ -285,6 +285,13 @@ class SamplerCheckpointHooks:
             # The uninterrupted fit starts the next epoch's pass after the save, and the loader's
             # iter() draws its workers' base seed from torch's RNG; the resumed fit's pass began
             # before the restore. Begin it again, so that it draws what the uninterrupted one did.
+            # The pass begun again is the restored one, from the restored state (a stream would move on
+            # past a pass left early), counted from the epoch's start: Lightning still counts the
+            # finished epoch's batches here.
+            for sampler, start in list(self._passes.items()):
+                if start.restored_from is not None:
+                    sampler.load_state_dict(start.restored_from)
+                self._passes[sampler] = replace(start, started=False)
             restart_train_iteration(trainer)
 
     def _count_first_epoch(self, trainer: Trainer) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from stateful_sampler.errors import SamplerSetupError
 from stateful_sampler.lightning.framework import framework_of
+from stateful_sampler.resumable import DatasetOrder
 from stateful_sampler.sampler import StatefulSampler
 
 if TYPE_CHECKING:  # either package's; see framework.py
@@ -54,6 +55,10 @@ def train_samplers(trainer: Trainer) -> list[StatefulSampler]:
 
 
 def stateful_samplers_of(loader: Any) -> list[StatefulSampler]:
+    """The loader's StatefulSamplers, or its dataset when that is a DatasetOrder (ShardedStream)."""
+    dataset = getattr(loader, "dataset", None)
+    if isinstance(dataset, DatasetOrder):
+        return [dataset]  # type: ignore[list-item]
     return [s for s in _samplers_of(loader) if isinstance(s, StatefulSampler)]
 
 

@@ -12,11 +12,13 @@ nor line up across worker counts. Here every seed is derived from saved, structu
   mid-epoch resume, and whatever the worker count or world size.
 - ``capture_rng_states()`` / ``restore_rng_states(states)``: the process's own RNGs (torch CPU and CUDA,
   NumPy, ``random``), saved with the data so that a model's dropout resumes bitwise.
+- ``SeededTransform(fn)``: the same for a ``ShardedStream`` transform, ``fn(record, rng)``.
 """
 
 from stateful_sampler.seeding.dataset import SeededDataset
 from stateful_sampler.seeding.process_rngs import GLOBAL_RNGS, GlobalRNGThreadError
 from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
+from stateful_sampler.seeding.stream_transform import KeyedTransform, SeededTransform
 from stateful_sampler.seeding.streams import _TORCH_GENERATOR, SampleRNG, seed_globals
 from stateful_sampler.seeding.worker import WorkerSeeder, WorkerSeeds, seed_worker
 
@@ -24,8 +26,10 @@ __all__ = [
     "GLOBAL_RNGS",
     "_TORCH_GENERATOR",
     "GlobalRNGThreadError",
+    "KeyedTransform",
     "SampleRNG",
     "SeededDataset",
+    "SeededTransform",
     "WorkerSeeder",
     "WorkerSeeds",
     "capture_rng_states",

@@ -1,16 +1,26 @@
 """Streamed, sharded datasets: an exactly resumable shard-and-window shuffle with bounded memory and IO."""
 
+from stateful_sampler.errors import StreamSetupError
 from stateful_sampler.order.shards import ShardedShuffle
-from stateful_sampler.stream.dataset import ShardedStream
-from stateful_sampler.stream.readers import ParquetReader, ReadStats, ShardReader, ShardReadError
+from stateful_sampler.seeding.stream_transform import KeyedTransform, SeededTransform
+from stateful_sampler.stream.cache import CacheStats, ShardCache
+from stateful_sampler.stream.dataset import ShardedStream, StreamLoader
+from stateful_sampler.stream.readers import JsonlReader, ParquetReader, ReadStats, ShardReader, ShardReadError
 from stateful_sampler.stream.state import StreamState
 
 __all__ = [
+    "CacheStats",
+    "JsonlReader",
+    "KeyedTransform",
     "ParquetReader",
     "ReadStats",
+    "SeededTransform",
+    "ShardCache",
     "ShardReadError",
     "ShardReader",
     "ShardedShuffle",
     "ShardedStream",
+    "StreamLoader",
+    "StreamSetupError",
     "StreamState",
 ]

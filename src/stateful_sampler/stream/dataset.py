@@ -5,26 +5,37 @@ Which record fills each epoch position is fixed by (seed, epoch, position) alone
 state is an epoch and a position, a resume is arithmetic, and a resume may change the worker
 count, the world size and the batch size. A reader reads one window at a time: per window, each
 shard it needs is read once, for the span of rows its positions fall on.
+
+Passes. Workers hold copies of the stream, so only the main process can keep count of passes, and
+only if it hears of them: a ``DataLoader`` over the stream must be built by ``stream.loader(...)``
+(or iterated through ``ResumableLoader`` and the framework integrations), which tells the stream
+when a pass begins and ends and sets the batching. A plain ``DataLoader(stream)`` is refused at
+its first batch: its batch size, ``drop_last`` and ``persistent_workers`` are out of the stream's
+sight, and each would deliver other records than the state says, with no error.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch.distributed as dist
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
+from stateful_sampler.errors import StreamSetupError
 from stateful_sampler.keys import SampleKey
+from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.policies import Tail
 from stateful_sampler.order.shards import EpochWindows, ShardedShuffle
+from stateful_sampler.sampler import _pass_start_hooks  # add_pass_start_hook's hooks run for streams too
 from stateful_sampler.stream.layout import StreamLayout
 from stateful_sampler.stream.readers import ShardReader, ShardReadError
-from stateful_sampler.stream.state import STREAM_STATE_VERSION, Manifest, StreamState
+from stateful_sampler.stream.state import STREAM_STATE_VERSION, Manifest, StreamState, shard_identities
 
 
 @dataclass(frozen=True)
@@ -33,14 +44,27 @@ class _Cursor:
     position: int
 
 
+@dataclass(frozen=True)
+class _Pass:
+    """A pass begun: the epoch it draws and the position it started from."""
+
+    epoch: int
+    origin: int
+
+
+_NOTHING = object()
+# Where a wrapper keeps the DataLoader it iterates (Fabric, Accelerate, ResumableLoader).
+_WRAPPERS = ("_dataloader", "base_dataloader", "dataloader", "loader")
+
+
 class ShardedStream(IterableDataset):
     """Yields this rank's and this worker's records of each epoch's shard-and-window order.
 
     Args:
         shards: shard names (paths), in a fixed order: their order is part of the order's identity.
-        reader: a ``ShardReader`` (``ParquetReader``, or your own).
-        batch_size: per-rank batch; pass the same to ``DataLoader``, which groups each worker's
-            records into batches (worker w delivers the rank's batches w, w+n, ...).
+        reader: a ``ShardReader`` (``ParquetReader``, or your own). A reader with ``identity(shard)``
+            puts each shard's content identity in the state (see ``stream.state``).
+        batch_size: per-rank batch; ``stream.loader(...)`` builds the ``DataLoader`` with it.
         window: k, the shards shuffled together; memory and IO per reader are one window's.
         seed: an int in [0, 2**63).
         counts: records per shard; read from the reader once when not given.
@@ -48,7 +72,18 @@ class ShardedStream(IterableDataset):
         num_replicas, rank: default to the process group, or 1 and 0 without one.
         yield_keys: yield ``(record, SampleKey)``; the key's index is the global record index
             (shards concatenated in the order given) and ``is_padding`` marks repeats.
-        transform: applied to each record in the worker, e.g. to build tensors.
+        transform: applied to each record in the worker, e.g. to build tensors. A transform with
+            ``takes_key = True`` (``KeyedTransform``, ``SeededTransform``) is called as
+            ``transform(record, key)``: per-record randomness seeded from the key is exact after a
+            resume at any worker count and world size.
+
+    Passes: ``set_epoch(e)`` makes the next pass draw epoch ``e`` from its start, except right after
+    ``load_state_dict``, where the saved epoch keeps its saved position. A pass started without
+    ``set_epoch`` after another pass draws the next epoch (a completed or abandoned pass moves on).
+
+    Example:
+        >>> stream = ShardedStream(paths, ParquetReader(), batch_size=32, window=8)  # doctest: +SKIP
+        >>> loader = stream.loader(num_workers=2)                                   # doctest: +SKIP
     """
 
     def __init__(
@@ -64,12 +99,14 @@ class ShardedStream(IterableDataset):
         num_replicas: int | None = None,
         rank: int | None = None,
         yield_keys: bool = False,
-        transform: Callable[[Any], Any] | None = None,
+        transform: Callable[..., Any] | None = None,
     ) -> None:
         if isinstance(shards, (str, os.PathLike)) or not shards:
             raise TypeError(f"shards must be a non-empty list of shard names, got {shards!r}")
         if not isinstance(reader, ShardReader):
             raise TypeError(f"reader must have count(shard) and read(shard, start, stop), got {type(reader).__name__}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         self.shards = [os.fspath(shard) for shard in shards]
         self.reader = reader
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
@@ -89,8 +126,12 @@ class ShardedStream(IterableDataset):
             raise ValueError(f"counts must give one count per shard ({len(self.shards)}), got {len(counts)}")
         self.counts = [check_int(f"counts[{i}] ({self.shards[i]!r})", count) for i, count in enumerate(counts)]
         self.order = ShardedShuffle(self.counts, self.window, self.seed)
-        self.manifest = Manifest.of(self.shards, self.counts)
-        self._cursor = _Cursor(0, 0)
+        self.identities = shard_identities(reader, self.shards)
+        self.manifest = Manifest.of(self.shards, self.counts, self.identities)
+        self._next = _Cursor(0, 0)  # where the next pass starts while no pass has begun since a load or set_epoch
+        self._pass: _Pass | None = None  # the last pass begun since then
+        self._pass_ended = False  # that pass was taken to its end by the loop
+        self._driving = False  # a loader is starting a pass: its workers and fetcher take self._pass
 
     # -- ranks, resolved late like StatefulSampler's
 
@@ -117,67 +158,223 @@ class ShardedStream(IterableDataset):
 
     # -- epochs and length
 
+    def _upcoming(self) -> _Cursor:
+        """Where a pass begun now starts: after a pass, the next epoch."""
+        if self._pass is None:
+            return self._next
+        return _Cursor(self._pass.epoch + 1, 0)
+
+    def _current(self) -> _Cursor:
+        """The pass under way (begun, not ended), else the one a new pass would draw."""
+        if self._pass is not None and not self._pass_ended:
+            return _Cursor(self._pass.epoch, self._pass.origin)
+        return self._upcoming()
+
     @property
     def epoch(self) -> int:
-        return self._cursor.epoch
+        """The epoch of the pass under way, else of the pass the next ``iter()`` begins."""
+        return self._current().epoch
 
     @property
     def position(self) -> int:
-        """The epoch position the next pass starts from."""
-        return self._cursor.position
+        """The epoch position the pass under way started from, else the next pass starts from."""
+        return self._current().position
 
     def set_epoch(self, epoch: int) -> None:
-        """Move to ``epoch``'s start; the current epoch keeps its (restored) position."""
-        epoch = check_int("epoch", epoch)
-        if epoch != self._cursor.epoch:
-            self._cursor = _Cursor(epoch, 0)
+        """The next pass draws ``epoch`` from its start. Two cases change nothing: right after
+        ``load_state_dict`` the saved epoch keeps its saved position, and while a pass of ``epoch`` is
+        under way (begun, not taken to its end) it goes on, for frameworks that call ``set_epoch`` again
+        once the pass began (Lightning, Accelerate). Any other epoch leaves the pass under way."""
+        epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
+        if self._pass is None and epoch == self._next.epoch:
+            return
+        if self._pass is not None and not self._pass_ended and epoch == self._pass.epoch:
+            return
+        self._next, self._pass, self._pass_ended = _Cursor(epoch, 0), None, False
 
     def layout(self) -> StreamLayout:
-        """The current pass's deal of the rest of the epoch to the ranks."""
+        """The deal of the rest of the current pass's epoch to the ranks."""
+        return self._layout(self._current().position)
+
+    def _layout(self, origin: int) -> StreamLayout:
         world_size = self.num_replicas
         if self.tail is Tail.DROP and self.order.size < world_size:
             raise ValueError(
                 f"tail='drop' with {self.order.size} records on num_replicas={world_size} ranks would drop "
                 f"every record: use tail='pad' or fewer ranks"
             )
-        return StreamLayout(self.tail, self.order.size, world_size, self._cursor.position)
+        return StreamLayout(self.tail, self.order.size, world_size, origin)
 
     def __len__(self) -> int:
-        """This rank's records from the current position to the end of the epoch."""
+        """This rank's records in the epoch of the pass under way (else of the next pass), counted from
+        the epoch's start as Lightning expects, as ``StatefulSampler``'s: a pass resumed mid-epoch counts
+        the part before it as if these ranks had taken it."""
+        layout = self.layout()
+        return -(-layout.origin // layout.world_size) + layout.local_length
+
+    def remaining_length(self) -> int:
+        """This rank's records in the pass under way, else in the pass the next ``iter()`` begins."""
         return self.layout().local_length
+
+    def pass_length(self) -> int:
+        """This rank's records in the pass under way, counted from its start, else in the next pass (what
+        ``StatefulSampler.pass_length`` gives Lightning's epoch-length bookkeeping): ``remaining_length``,
+        since a stream's pass under way reports the position it started from."""
+        return self.remaining_length()
+
+    def _settle_pass(self) -> None:
+        """Done with a pass the loop took to its end: the next pass starts at the next epoch, and
+        ``state_dict(consumed_batches=k)`` counts from there (``ResumableLoader`` calls this at each
+        ``iter()`` when no pass of its own is under way, as it does ``StatefulSampler``'s). A pass under
+        way is left as it is: a loader that broke off settles it itself at the batches it consumed."""
+        if self._pass is not None and self._pass_ended:
+            self._next, self._pass, self._pass_ended = self._upcoming(), None, False
+
+    # -- loaders
+
+    def loader(self, **kwargs: Any) -> StreamLoader:
+        """The ``DataLoader`` for this stream: batches of the stream's ``batch_size``, each pass reported
+        to the stream. Takes ``DataLoader``'s arguments (``num_workers``, ``collate_fn``, ...); a
+        ``batch_size`` other than the stream's, ``drop_last=True`` (it would lose the pass's last
+        batch) and ``persistent_workers=True`` (workers would keep a past pass) are refused.
+
+        Example:
+            >>> loader = stream.loader(num_workers=2)  # doctest: +SKIP
+        """
+        return StreamLoader(self, **kwargs)
+
+    def loader_pass(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """Iterate ``loader`` (a ``DataLoader`` over this stream, possibly wrapped) as one pass: the pass
+        begins before its workers start, so they draw it, and it ends when the loader is exhausted.
+        ``ResumableLoader`` and ``StreamLoader`` iterate through this; a pass already being started by
+        an outer loader passes through."""
+        if self._driving:
+            return iter(loader)
+        self._check_loader(loader)
+        return self._drive(self._begin_pass(), loader)
+
+    def _drive(self, begun: _Pass, loader: Iterable[Any]) -> Iterator[Any]:
+        """Iterate ``loader`` with the pass marked as a loader's until its first batch: by then its
+        workers were forked or pickled and its fetcher built (a wrapper such as Accelerate's may do
+        that only at the first ``next``), each with the pass in its copy of the stream."""
+        self._driving = True
+        try:
+            iterator = iter(loader)
+            first = next(iterator, _NOTHING)
+        finally:
+            self._driving = False
+        if first is not _NOTHING:
+            yield first
+            yield from iterator
+        if self._pass is begun:
+            self._pass_ended = True
+
+    def _until_end(self, begun: _Pass, iterator: Iterator[Any]) -> Iterator[Any]:
+        yield from iterator
+        if self._pass is begun:
+            self._pass_ended = True
+
+    def _begin_pass(self) -> _Pass:
+        self._pass_ended = True  # the previous pass, if any, is over: the hooks see the pass about to begin
+        for hook in tuple(_pass_start_hooks):  # SamplerCheckpoint restores, verify records: as for a sampler
+            hook(self)  # type: ignore[arg-type]
+        start = self._upcoming()
+        if start.epoch > MAX_EPOCH:
+            raise ValueError(f"epoch must be at most {MAX_EPOCH}: the pass after epoch {start.epoch - 1} is past it")
+        self._layout(start.position)  # refuse a tail that cannot be dealt before a worker starts
+        self._pass, self._pass_ended = _Pass(start.epoch, start.position), False
+        return self._pass
+
+    def _check_loader(self, loader: Any) -> None:
+        """Refuse a DataLoader whose batching would deliver other records than the stream counts."""
+        found = _dataloader_of(loader, self)
+        if found is None:
+            raise StreamSetupError(
+                f"found no DataLoader over this ShardedStream in {type(loader).__name__}: build it with "
+                f"stream.loader(...)"
+            )
+        if found.batch_size != self.batch_size:
+            raise StreamSetupError(
+                f"DataLoader batch_size={found.batch_size} contradicts ShardedStream batch_size={self.batch_size}: "
+                f"a worker delivers whole batches of the stream's size; build the loader with stream.loader(...)"
+            )
+        if found.drop_last:
+            raise StreamSetupError(
+                "DataLoader drop_last=True would drop the pass's last, partial batch that the state counts as "
+                "delivered: leave drop_last=False (tail='drop' drops records to even out the ranks)"
+            )
+        if found.persistent_workers and found.num_workers > 0:
+            raise StreamSetupError(
+                "DataLoader persistent_workers=True keeps workers that hold the epoch and position of the pass "
+                "they started with: leave it off, workers then start each pass from the stream's state"
+            )
 
     # -- iteration
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
-        return self.iter_worker(0, 1) if info is None else self.iter_worker(info.id, info.num_workers)
+        if info is not None or _called_by_a_fetcher():
+            if not self._driving:
+                raise StreamSetupError(
+                    "a DataLoader(stream, ...) of its own does not tell the stream when a pass begins or ends, and "
+                    "its batch_size, drop_last and persistent_workers may deliver other records than the state "
+                    "counts: build it with stream.loader(num_workers=..., ...), or iterate it through ResumableLoader"
+                )
+            start = self._current()
+        else:
+            begun = self._begin_pass()  # iterated directly, in this process
+            start = _Cursor(begun.epoch, begun.origin)
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        records = self._iter_pass(start, worker, workers)
+        return records if info is not None or self._driving else self._until_end(self._pass, records)  # type: ignore[arg-type]
 
     def iter_worker(self, worker: int, workers: int) -> Iterator[Any]:
-        """What DataLoader worker ``worker`` of ``workers`` yields: its batches, window by window."""
-        layout = self.layout()
+        """What DataLoader worker ``worker`` of ``workers`` yields in the pass under way, else the next pass:
+        its batches, window by window. Begins no pass."""
+        return self._iter_pass(self._current(), worker, workers)
+
+    def _iter_pass(self, start: _Cursor, worker: int, workers: int) -> Iterator[Any]:
+        layout = self._layout(start.position)
         rank = self.rank
-        windows = self.order.epoch(self._cursor.epoch)
+        windows = self.order.epoch(start.epoch)
         starts = windows.window_starts.tolist()
         first = int(windows.window_of(np.array([min(layout.origin, layout.size - 1)]))[0])
         # Each window's slots, then the padding slots past the end: a reader holds one window at a time.
         spans = [(starts[w], starts[w + 1]) for w in range(first, windows.windows)] + [(layout.size, 2**62)]
-        for begin, end in spans:
+        for window, (begin, end) in enumerate(spans, first):
+            if window < windows.windows:
+                self._enter_window(windows, window)
             local = layout.worker_locals(worker, workers, self.batch_size, *layout.local_range(rank, begin, end))
             if local.size:
                 yield from self._deliver(windows, layout, rank, local)
+
+    def _enter_window(self, windows: EpochWindows, window: int) -> None:
+        """Tell a reader that fetches ahead (``ShardCache``) this window's shards and the next one's."""
+        enter = getattr(self.reader, "enter_window", None)
+        if enter is not None:
+            names = [[self.shards[s] for s in windows.window_shards(w).tolist()] for w in (window, window + 1)]
+            enter(names[0], names[1])
 
     def _deliver(self, windows: EpochWindows, layout: StreamLayout, rank: int, local: np.ndarray) -> Iterator[Any]:
         slots = layout.slots(rank, local)
         shards, rows = windows.locate(layout.positions(slots))
         records = self._fetch(shards, rows)
-        if self.transform is not None:
-            records = [self.transform(record) for record in records]
-        if not self.yield_keys:
-            yield from records
+        transform = self.transform
+        keyed = self.yield_keys or getattr(transform, "takes_key", False)
+        if not keyed:
+            yield from records if transform is None else map(transform, records)
             return
         indices = (self.order.offsets[shards] + rows).tolist()
-        for record, index, slot in zip(records, indices, slots.tolist()):
-            yield record, SampleKey(index, self.seed, windows.epoch, slot, slot >= layout.size)
+        keys = [
+            SampleKey(index, self.seed, windows.epoch, slot, slot >= layout.size)
+            for index, slot in zip(indices, slots.tolist())
+        ]
+        if transform is not None:
+            if getattr(transform, "takes_key", False):
+                records = [transform(record, key) for record, key in zip(records, keys)]
+            else:
+                records = [transform(record) for record in records]
+        yield from zip(records, keys) if self.yield_keys else records
 
     def _fetch(self, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
         """The records at (shard, row), reading each shard once for the span of rows needed."""
@@ -193,6 +390,12 @@ class ShardedStream(IterableDataset):
                 raise
             except Exception as error:
                 raise ShardReadError(f"could not read rows {start}..{stop - 1} of shard {name!r}: {error}") from error
+            if not hasattr(span, "__len__") or not hasattr(span, "__getitem__"):
+                raise TypeError(
+                    f"{type(self.reader).__name__}.read({name!r}, {start}, {stop}) returned a "
+                    f"{type(span).__name__}, not a sequence: read must return the {stop - start} records of rows "
+                    f"{start}..{stop - 1} of shard {name!r} as a list (wrap a generator in list(...))"
+                )
             if len(span) != stop - start:
                 raise ShardReadError(
                     f"shard {name!r} returned {len(span)} records for rows {start}..{stop - 1}, expected "
@@ -204,14 +407,34 @@ class ShardedStream(IterableDataset):
 
     # -- state
 
-    def state_dict(self, consumed_batches: int) -> dict[str, Any]:
-        """The state after the training loop consumed ``consumed_batches`` batches of the current pass.
+    def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
+        """The state after the loop consumed ``consumed_batches`` batches of the pass under way (of the
+        next pass when none is under way): the loop's count (``enumerate(loader, 1)``), not what workers
+        prefetched. The same on every rank. A state after the last batch resumes to nothing more of
+        that epoch, then the next one, as a loop's last batch does.
 
-        Count the loop's batches (``enumerate(loader, 1)``), not what workers prefetched; every rank
-        has consumed the same count, so the state is the same on every rank.
+        Without ``consumed_batches``: before any pass, the position the next pass starts from; after
+        the loop took a pass to its end, the next epoch's start. Refused while a pass is under way,
+        where only the loop knows how far it got.
         """
-        consumed = check_int("consumed_batches", consumed_batches) * self.batch_size
-        return self._state(self._cursor.epoch, self.layout().position_after(consumed)).to_dict()
+        if consumed_batches is None:
+            if self._pass is None or self._pass_ended:
+                upcoming = self._upcoming()
+                return self._state(upcoming.epoch, upcoming.position).to_dict()
+            raise ValueError(
+                f"consumed_batches: a pass of epoch {self._pass.epoch} is under way and its workers prefetch: "
+                f"pass state_dict(consumed_batches=k) with the batches the loop consumed"
+            )
+        consumed = check_int("consumed_batches", consumed_batches)
+        start = self._next if self._pass is None else _Cursor(self._pass.epoch, self._pass.origin)
+        layout = self._layout(start.position)
+        batches = -(-layout.local_length // self.batch_size)
+        if consumed > batches:
+            raise ValueError(
+                f"consumed_batches must be at most {batches}, the batches of this pass of epoch {start.epoch} "
+                f"(from position {start.position}), got {consumed}"
+            )
+        return self._state(start.epoch, layout.position_after(consumed * self.batch_size)).to_dict()
 
     def _state(self, epoch: int, position: int) -> StreamState:
         return StreamState(
@@ -231,7 +454,79 @@ class ShardedStream(IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state in O(1); world size, worker count and batch size may differ.
-        Another shard list, seed, window or tail raises ``IncompatibleStateError``."""
+        Another shard list (or shard content, for a reader with ``identity``), seed, window or tail
+        raises ``IncompatibleStateError``."""
         saved = StreamState.from_dict(state)
-        saved.check_continues(self._state(self._cursor.epoch, 0), self.shards, self.counts)
-        self._cursor = _Cursor(saved.epoch, saved.position)
+        saved.check_continues(self._state(0, 0), self.shards, self.counts, self.identities)
+        self._next, self._pass, self._pass_ended = _Cursor(saved.epoch, saved.position), None, False
+
+
+class StreamLoader(DataLoader):
+    """A ``DataLoader`` over a ``ShardedStream`` with the stream's batching, which reports each pass to it.
+    Build it with ``stream.loader(...)``."""
+
+    def __init__(self, dataset: ShardedStream, **kwargs: Any) -> None:
+        if not isinstance(dataset, ShardedStream):
+            raise TypeError(f"StreamLoader iterates a ShardedStream, got {type(dataset).__name__}")
+        batch_size = kwargs.pop("batch_size", dataset.batch_size)
+        for name in ("sampler", "batch_sampler", "shuffle"):
+            if kwargs.get(name) not in (None, False):
+                raise StreamSetupError(f"{name}: a ShardedStream orders its records itself, leave {name} unset")
+        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        dataset._check_loader(self)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        stream: ShardedStream = self.dataset  # type: ignore[assignment]
+        if stream._driving:  # an outer loader_pass is starting this pass
+            return super().__iter__()
+        return stream.loader_pass(_Unreported(self))
+
+    def state_dict(self) -> dict[str, Any]:
+        """What Lightning saves of a train loader that has a ``state_dict``: only a mark. The loader cannot
+        know what the loop consumed (Lightning fetches a batch ahead), so the position is saved by
+        ``SamplerCheckpoint``, or by ``ResumableLoader`` in any other loop."""
+        return {"stream_loader": "the position is in SamplerCheckpoint's or ResumableLoader's state"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Lightning restores the mark saved by ``state_dict`` only when no ``SamplerCheckpoint`` took its place
+        (the callback empties it): a resume that nothing would put at the saved position is refused."""
+        if not state:
+            return
+        raise StreamSetupError(
+            "a checkpoint restores this StreamLoader, but the stream's position is saved by "
+            "stateful_sampler.lightning.SamplerCheckpoint (Lightning) or ResumableLoader (other loops): add "
+            "SamplerCheckpoint() to the Trainer's callbacks and save the checkpoint again with it"
+        )
+
+
+class _Unreported:
+    """``StreamLoader`` seen as a plain ``DataLoader`` by ``loader_pass``: iterating it does not report again."""
+
+    def __init__(self, loader: StreamLoader) -> None:
+        self.dataloader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return DataLoader.__iter__(self.dataloader)
+
+
+def _dataloader_of(loader: Any, stream: ShardedStream) -> DataLoader | None:
+    """The ``DataLoader`` over ``stream`` at ``loader`` or inside the wrappers frameworks put around it."""
+    pending, seen = [loader], set()
+    while pending:
+        obj = pending.pop()
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, DataLoader) and obj.dataset is stream:
+            return obj
+        pending += [getattr(obj, name, None) for name in _WRAPPERS]
+    return None
+
+
+def _called_by_a_fetcher() -> bool:
+    """``iter(stream)`` from a DataLoader's dataset fetcher (torch's or torchdata's), not a direct loop."""
+    try:
+        caller = sys._getframe(2).f_locals.get("self")
+    except ValueError:  # iter() called from no Python frame at all
+        return False
+    return type(caller).__name__.endswith("IterableDatasetFetcher")

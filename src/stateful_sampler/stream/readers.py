@@ -1,4 +1,4 @@
-"""Shard readers: the small protocol the stream reads through, and parquet via pyarrow.
+"""Shard readers: the small protocol the stream reads through, parquet via pyarrow, and JSON Lines.
 
 A reader answers two questions: how many records a shard holds (asked once per shard, when the
 stream is built) and which records lie in rows [start, stop) of a shard. The stream asks the
@@ -7,11 +7,17 @@ second once per shard per window and reader, for the span of rows that reader ne
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import gzip
+import hashlib
+import io
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from stateful_sampler.errors import ShardReadError
+from stateful_sampler.stream.remote import file_identity, open_shard
 
 
 @runtime_checkable
@@ -23,6 +29,14 @@ class ShardReader(Protocol):
     def read(self, shard: str, start: int, stop: int) -> Sequence[Any]:
         """Records ``start .. stop - 1`` of ``shard``, in row order."""
         ...
+
+
+# Optional, looked up with getattr, so a reader with only count and read still works:
+#   identity(shard) -> str: what identifies the shard's content (size and modification time, a
+#       footer, an ETag, a version); the stream's state keeps a hash of it and refuses a resume on
+#       a shard whose identity changed.
+#   enter_window(shards, next_shards): called before each window, so a reader can fetch ahead and
+#       release what is done (``ShardCache``).
 
 
 @dataclass
@@ -39,42 +53,186 @@ class ParquetReader:
     """Parquet shards through pyarrow: counts from the footer, reads by whole row groups.
 
     Records are dicts of column values (``pyarrow.Table.to_pylist``); ``columns`` selects some.
+    Shards are paths or URLs (``s3://``, ``gs://``, ``https://``, ``file://``; fsspec with
+    ``storage_options``). ``version`` (a dataset version) and ``checksums`` (shard -> checksum you
+    computed) join the content identity, which the stream's state checks on resume.
+
+    Example:
+        >>> reader = ParquetReader(columns=["x", "y"], storage_options={"anon": True})  # doctest: +SKIP
     """
 
     columns: list[str] | None = None
+    storage_options: dict[str, Any] | None = None
+    version: str | None = None
+    checksums: Mapping[str, str] | None = None
     stats: ReadStats = field(default_factory=ReadStats)
 
+    def __post_init__(self) -> None:
+        # The footer the last count read, which the next identity of that shard takes: one read
+        # for both when the stream (or ShardCache) asks for them in turn.
+        self._footer: tuple[str, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_footer": None}
+
     def count(self, shard: str) -> int:
-        parquet = _open(shard)
-        parquet.close()
-        return parquet.metadata.num_rows
+        self._footer = (shard, _footer(shard, self.storage_options))
+        return int(self._footer[1].num_rows)
+
+    def identity(self, shard: str) -> str:
+        """The file's size and modification time (or ETag) and its footer: writer, schema, key-value
+        metadata, and per row group its rows, sizes and each column chunk's min/max statistics."""
+        stored = file_identity(shard, self.storage_options)
+        footer, self._footer = self._footer, None
+        if footer is None or footer[0] != shard:
+            footer = (shard, _footer(shard, self.storage_options))
+        metadata = footer[1]
+        schema = [(c.path, c.physical_type, str(c.logical_type)) for c in metadata.schema]
+        groups = ",".join(_row_group(metadata.row_group(i)) for i in range(metadata.num_row_groups))
+        digest = hashlib.sha256(
+            f"{metadata.created_by}\0{metadata.num_rows}\0{groups}\0{schema}\0"
+            f"{sorted((metadata.metadata or {}).items())}".encode()
+        ).hexdigest()[:32]
+        return _identity(self, shard, stored, f"parquet={digest}")
 
     def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:
-        parquet = _open(shard)
-        self.stats.opened += 1
-        metadata = parquet.metadata
-        groups, first_row, row = [], None, 0
-        for index in range(metadata.num_row_groups):
-            group = metadata.row_group(index)
-            if row < stop and row + group.num_rows > start:
-                groups.append(index)
-                first_row = row if first_row is None else first_row
-                self.stats.rows += group.num_rows
-                self.stats.bytes += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
-            row += group.num_rows
-        try:
-            table = parquet.read_row_groups(groups, columns=self.columns)
-        except Exception as error:  # pyarrow raises OSError or ArrowInvalid for a corrupt file
-            raise ShardReadError(f"could not read rows {start}..{stop - 1} of shard {shard!r}: {error}") from error
-        finally:
-            parquet.close()
+        with _Parquet(shard, self.storage_options) as parquet:
+            self.stats.opened += 1
+            metadata = parquet.metadata
+            groups, first_row, row = [], None, 0
+            for index in range(metadata.num_row_groups):
+                group = metadata.row_group(index)
+                if row < stop and row + group.num_rows > start:
+                    groups.append(index)
+                    first_row = row if first_row is None else first_row
+                    self.stats.rows += group.num_rows
+                    self.stats.bytes += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+                row += group.num_rows
+            try:
+                table = parquet.read_row_groups(groups, columns=self.columns)
+            except Exception as error:  # pyarrow raises OSError or ArrowInvalid for a corrupt file
+                raise ShardReadError(f"could not read rows {start}..{stop - 1} of shard {shard!r}: {error}") from error
         return table.slice(start - (first_row or 0), stop - start).to_pylist()
 
 
-def _open(shard: str) -> Any:
-    import pyarrow.parquet as pq  # the `stream` extra: importing the stream does not need it
+@dataclass
+class JsonlReader:
+    """JSON Lines shards (one JSON value per line), by path or URL, optionally gzip-compressed (``.gz``).
 
-    try:
-        return pq.ParquetFile(shard)
-    except Exception as error:  # FileNotFoundError, or ArrowInvalid for a file that is not parquet
-        raise ShardReadError(f"could not open shard {shard!r}: {error}") from error
+    ``count`` reads the whole shard (JSON Lines has no footer): for remote shards pass ``counts=``
+    to the stream, or each shard is read once more to count it (once per node under a
+    ``ShardCache``). ``read`` scans to ``stop`` and decodes only rows ``start .. stop - 1``.
+
+    Example:
+        >>> stream = ShardedStream(["s3://bucket/a.jsonl"], JsonlReader(), batch_size=8)  # doctest: +SKIP
+    """
+
+    storage_options: dict[str, Any] | None = None
+    version: str | None = None
+    checksums: Mapping[str, str] | None = None
+    stats: ReadStats = field(default_factory=ReadStats)
+
+    def count(self, shard: str) -> int:
+        with self._lines(shard) as lines:
+            return sum(1 for line in lines if line.strip())
+
+    def identity(self, shard: str) -> str:
+        """Size and modification time (or ETag) of the file: JSON Lines has no footer to read."""
+        return _identity(self, shard, file_identity(shard, self.storage_options), "jsonl")
+
+    def read(self, shard: str, start: int, stop: int) -> list[Any]:
+        self.stats.opened += 1
+        records: list[Any] = []
+        with self._lines(shard) as lines:
+            row = 0
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                if row >= stop:
+                    break
+                if row >= start:
+                    try:
+                        records.append(json.loads(line))
+                    except ValueError as error:
+                        raise ShardReadError(f"shard {shard!r} line {number} (row {row}) is not JSON: {error}") from error
+                    self.stats.bytes += len(line)
+                row += 1
+        self.stats.rows += len(records)
+        return records
+
+    @contextmanager
+    def _lines(self, shard: str) -> Iterator[Iterator[bytes]]:
+        with open_shard(shard, self.storage_options) as raw:
+            file = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw, 1 << 20)
+            if not shard.endswith(".gz"):
+                yield file
+                return
+            with gzip.open(file) as unzipped:
+                yield unzipped
+
+
+def _identity(reader: Any, shard: str, stored: str, content: str) -> str:
+    """One string for the stream's state: the storage's identity of the bytes (``stored``), what
+    the format says about them, and the user's version and checksum when given."""
+    parts = [stored, content]
+    if reader.version is not None:
+        parts.append(f"version={reader.version}")
+    if reader.checksums is not None:
+        if shard not in reader.checksums:
+            raise ValueError(f"checksums has no entry for shard {shard!r}: give one per shard, or none")
+        parts.append(f"checksum={reader.checksums[shard]}")
+    return ";".join(parts)
+
+
+def _footer(shard: str, storage_options: Mapping[str, Any] | None) -> Any:
+    """The parquet footer alone, in two exact reads (its length, then it), so counting a remote
+    shard moves its footer's bytes and no more (pyarrow would read the last 64 KiB)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with open_shard(shard, storage_options) as file:
+        try:
+            size = file.seek(0, io.SEEK_END)
+            file.seek(max(size - 8, 0))
+            tail = file.read(8)
+            length = int.from_bytes(tail[:4], "little")
+            if len(tail) != 8 or tail[4:] != b"PAR1" or length + 12 > size:
+                raise ValueError("not a parquet file: no PAR1 footer")
+            file.seek(size - 8 - length)
+            footer = file.read(length)
+            return pq.read_metadata(pa.py_buffer(b"PAR1" + footer + tail))
+        except ShardReadError:
+            raise
+        except Exception as error:  # ValueError above, ArrowInvalid for a corrupt footer
+            raise ShardReadError(f"could not open shard {shard!r}: {error}") from error
+
+
+def _row_group(group: Any) -> str:
+    chunks = []
+    for c in range(group.num_columns):
+        column = group.column(c)
+        statistics = column.statistics
+        bounds = (statistics.min, statistics.max, statistics.null_count) if statistics and statistics.has_min_max else ()
+        chunks.append(f"{column.total_compressed_size}:{bounds}")
+    return f"{group.num_rows}/{group.total_byte_size}[{' '.join(chunks)}]"
+
+
+class _Parquet:
+    """``pyarrow.parquet.ParquetFile`` over a path or URL, closed with its file."""
+
+    def __init__(self, shard: str, storage_options: Mapping[str, Any] | None) -> None:
+        import pyarrow.parquet as pq  # the `stream` extra: importing the stream does not need it
+
+        self._file = open_shard(shard, storage_options)
+        try:
+            self.parquet = pq.ParquetFile(self._file)
+        except Exception as error:  # ArrowInvalid for a file that is not parquet
+            self._file.close()
+            raise ShardReadError(f"could not open shard {shard!r}: {error}") from error
+
+    def __enter__(self) -> Any:
+        return self.parquet
+
+    def __exit__(self, *exc: object) -> None:
+        self.parquet.close()
+        self._file.close()

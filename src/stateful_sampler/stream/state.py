@@ -1,10 +1,16 @@
 """The stream's saved state: the order's identity and a position, a few hundred bytes for any S.
 
 The shard list is identified by two sums modulo the prime p = 2**61 - 1 over per-shard hashes
-h_i = H(name_i, count_i): ``digest`` = sum h_i and ``locator`` = sum (i+1)*h_i. When exactly one
-shard changed (renamed, or another record count), both sums move by d = h'_i - h_i and (i+1)*d,
-so the shard is i = (change in locator) / (change in digest) - 1: the error names it, with O(1)
-state. Several changes give a quotient outside [0, S) with probability about 1 - S/p.
+h_i = H(name_i, count_i, identity_i): ``digest`` = sum h_i and ``locator`` = sum (i+1)*h_i. When
+exactly one shard changed (renamed, another record count, other content), both sums move by
+d = h'_i - h_i and (i+1)*d, so the shard is i = (change in locator) / (change in digest) - 1: the
+error names it, with O(1) state. Several changes give a quotient outside [0, S) with probability
+about 1 - S/p. The same shards in another order leave ``digest`` as it is and move ``locator``.
+
+``identity_i`` is what the reader's optional ``identity(shard) -> str`` says of the shard's content
+(size and modification time, a parquet footer, a user's version or checksum). A reader without it
+identifies a shard by (name, count) alone: a shard rewritten with the same name and count is then
+not detected.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from stateful_sampler.errors import IncompatibleStateError
+from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.policies import Tail
 
 STREAM_STATE_VERSION = 1
@@ -31,10 +38,10 @@ class Manifest:
     locator: int
 
     @classmethod
-    def of(cls, names: Sequence[str], counts: Sequence[int]) -> Manifest:
+    def of(cls, names: Sequence[str], counts: Sequence[int], identities: Sequence[str] | None = None) -> Manifest:
         digest = locator = 0
         for index, (name, count) in enumerate(zip(names, counts)):
-            hashed = _shard_hash(name, int(count))
+            hashed = _shard_hash(name, int(count), None if identities is None else identities[index])
             digest = (digest + hashed) % PRIME
             locator = (locator + (index + 1) * hashed) % PRIME
         return cls(len(names), int(sum(counts)), digest, locator)
@@ -48,9 +55,26 @@ class Manifest:
         return index if 0 <= index < self.shards else None
 
 
-def _shard_hash(name: str, count: int) -> int:
-    raw = hashlib.sha256(f"{name}\0{count}".encode()).digest()
+def _shard_hash(name: str, count: int, identity: str | None) -> int:
+    text = f"{name}\0{count}" if identity is None else f"{name}\0{count}\0{identity}"
+    raw = hashlib.sha256(text.encode()).digest()
     return int.from_bytes(raw[:8], "little") % PRIME
+
+
+def shard_identities(reader: Any, names: Sequence[str]) -> list[str] | None:
+    """Each shard's content identity from the reader's optional ``identity(shard) -> str``, else None."""
+    identity = getattr(reader, "identity", None)
+    if identity is None:
+        return None
+    identities = []
+    for name in names:
+        value = identity(name)
+        if not isinstance(value, str):
+            raise TypeError(
+                f"{type(reader).__name__}.identity({name!r}) must return a str, got {type(value).__name__} {value!r}"
+            )
+        identities.append(value)
+    return identities
 
 
 @dataclass(frozen=True)
@@ -92,26 +116,41 @@ class StreamState:
             wanted = str if kind == "str" else int
             if type(value) is not wanted or (isinstance(value, int) and value < 0):
                 raise IncompatibleStateError(name, value, f"a non-negative {kind}" if kind == "int" else kind)
+        if int(data["epoch"]) > MAX_EPOCH:
+            raise IncompatibleStateError("epoch", data["epoch"], f"at most {MAX_EPOCH}")
         if data["tail"] not in (Tail.PAD.value, Tail.DROP.value):
             raise IncompatibleStateError("tail", data["tail"], ["pad", "drop"])
         return cls(**data)
 
-    def check_continues(self, current: StreamState, names: Sequence[str], counts: Sequence[int]) -> None:
+    def check_continues(
+        self, current: StreamState, names: Sequence[str], counts: Sequence[int], identities: Sequence[str] | None
+    ) -> None:
         """Refuse a state of another order, naming the shard when one shard changed."""
         if self.shards != current.shards:
             raise IncompatibleStateError(
                 "shards", self.shards, current.shards, "shards were added or removed since the save"
             )
+        if self.digest == current.digest and self.locator != current.locator:
+            raise IncompatibleStateError(
+                "shard order",
+                "the same shards in another order",
+                "the order of the save",
+                "the shard list is part of the order: pass the shards in the order they were saved with",
+            )
         if (self.digest, self.locator) != (current.digest, current.locator):
             index = current.manifest().changed_shard(self.manifest())
             if index is None:
                 raise IncompatibleStateError(
-                    "digest", self.digest, current.digest, "several shards changed since the save, or their order"
+                    "shards",
+                    "several shards of other names, record counts or contents",
+                    f"the {current.shards} shards of the save",
+                    "several shards changed since the save",
                 )
+            content = "" if identities is None else f", content {identities[index]!r}"
             raise IncompatibleStateError(
                 f"shards[{index}]",
-                "a shard of another name or record count",
-                f"{names[index]!r} with {int(counts[index])} records",
+                "a shard of another name, record count or content",
+                f"{names[index]!r} with {int(counts[index])} records{content}",
                 f"shard {names[index]!r} changed since the save",
             )
         for name in ("records", "seed", "window", "tail"):
