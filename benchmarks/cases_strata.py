@@ -69,8 +69,9 @@ def anchor(size: int, system: str) -> dict[str, Any]:
     labels = _labels(size)
     epochs: dict[str, Callable[[], Iterable[int]]] = {
         "torch-weighted": lambda: WeightedRandomSampler(torch.from_numpy(_weights(labels)), size),
-        "torch-weighted-no-replacement": lambda: WeightedRandomSampler(torch.from_numpy(_weights(labels)), size,
-                                                                       replacement=False),  # fmt: skip
+        "torch-weighted-no-replacement": lambda: WeightedRandomSampler(
+            torch.from_numpy(_weights(labels)), size, replacement=False
+        ),  # fmt: skip
         "numpy-proportional": lambda: numpy_proportional(labels, np.random.default_rng(1)).tolist(),
         "numpy-balanced": lambda: numpy_balanced(labels, size, np.random.default_rng(1)).tolist(),
     }

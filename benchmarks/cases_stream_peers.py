@@ -78,7 +78,9 @@ def run(records: int, systems: tuple[str, ...], resume_only: bool = False) -> di
                 result["epoch_records"] = len(order)
             result.update({f"stop_{k}": v for k, v in task(system, root, records, "stop").items()})
             for workers in (0,) if resume_only else (0, 2):
-                result.update({f"resume{workers}_{k}": v for k, v in task(system, root, records, f"resume-{workers}").items()})
+                result.update(
+                    {f"resume{workers}_{k}": v for k, v in task(system, root, records, f"resume-{workers}").items()}
+                )
             results[system] = result
     return results
 

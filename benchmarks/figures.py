@@ -338,8 +338,16 @@ def groups_and_bands(full: bool, run: RunCase, figures: Figures) -> None:
             figures.rows.append(Row(cost, strategy, system, other["seconds_per_index"] * 1e9, "ns",
                                     other["peak_mib_above_baseline"]))  # fmt: skip
         resumed = sequences.run("resume", size=size, strategy=strategy)
-        figures.rows.append(Row(f"grouped/curriculum: load state at N/2 + first batch of 256, {case}", strategy,
-                                f"ours: {strategy}", resumed["seconds"] * 1e3, "ms", resumed["peak_mib_above_baseline"]))
+        figures.rows.append(
+            Row(
+                f"grouped/curriculum: load state at N/2 + first batch of 256, {case}",
+                strategy,
+                f"ours: {strategy}",
+                resumed["seconds"] * 1e3,
+                "ms",
+                resumed["peak_mib_above_baseline"],
+            )
+        )
         figures.checks.append(Check(f"{strategy} resume at N/2 ≤ 10 ms ({_label(size)})",
                                     f"{resumed['seconds'] * 1e3:.2f} ms", resumed["seconds"] <= 0.010))  # fmt: skip
         if strategy == "grouped":

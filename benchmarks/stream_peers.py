@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 BATCH, SHARDS, WINDOW, CLASSES = 256, 64, 8, 10
+
+
 def shuffle_memory(records: int) -> int:
     """Records a shuffle may hold, for every system: one window of ours."""
     return WINDOW * records // SHARDS
@@ -39,7 +41,9 @@ def _stub_torchvision() -> None:
     """mosaicml-streaming imports torchvision for its vision datasets, which are not used here; the
     PyPI torchvision wheel does not load against the CPU torch, so stand in for the two names."""
     vision = types.ModuleType("torchvision")
-    datasets, transforms, functional = (types.ModuleType(f"torchvision.{n}") for n in ("datasets", "transforms", "transforms.functional"))
+    datasets, transforms, functional = (
+        types.ModuleType(f"torchvision.{n}") for n in ("datasets", "transforms", "transforms.functional")
+    )
     datasets.VisionDataset = object  # type: ignore[attr-defined]
     functional.to_tensor = lambda x: x  # type: ignore[attr-defined]
     for module in (vision, datasets, transforms, functional):
@@ -195,7 +199,9 @@ def main(system: str, root: Path, records: int, task: str) -> dict[str, Any]:
     first = time.perf_counter() - started
     rss = rss_mib()
     rest += list(batches)
-    seen = np.bincount(np.concatenate([np.load(root / f"{system}.before.npy"), *map(np.asarray, rest)]), minlength=records)
+    seen = np.bincount(
+        np.concatenate([np.load(root / f"{system}.before.npy"), *map(np.asarray, rest)]), minlength=records
+    )
     return {"first_batch_s": first, "rss_mib": rss, "repeated": int(np.maximum(seen - 1, 0).sum()),
             "lost": int((seen == 0).sum())}  # fmt: skip
 

@@ -48,13 +48,17 @@ def print_summary(report: ResumeReport) -> None:
     last = killed[-1]
     epoch_length = sum(1 for record in report.reference.batches if record.rank == 0 and record.epoch == last.epoch)
     print()
-    print(f"The second run was killed with SIGKILL after step {report.kill_at}, in epoch {last.epoch} after "
-          f"{last.batch_idx + 1} of its {epoch_length} batches, and resumed from last.ckpt "
-          f"(step {report.resumed_from}).")
+    print(
+        f"The second run was killed with SIGKILL after step {report.kill_at}, in epoch {last.epoch} after "
+        f"{last.batch_idx + 1} of its {epoch_length} batches, and resumed from last.ckpt "
+        f"(step {report.resumed_from})."
+    )
     print()
     print(f"{'':<16}{'uninterrupted':<24}killed, then resumed")
-    print(f"{'training steps':<16}{steps:<24}{len(killed)} before the kill + {len(resumed_steps)} after the resume "
-          f"({len(killed) + len(resumed_steps) - steps} replayed)")
+    print(
+        f"{'training steps':<16}{steps:<24}{len(killed)} before the kill + {len(resumed_steps)} after the resume "
+        f"({len(killed) + len(resumed_steps) - steps} replayed)"
+    )
     print(f"{'final weights':<16}{str(report.reference_weights)[:20]:<24}{str(report.resumed_weights)[:20]}")
     print()
     print(f"{'step':>5} {'epoch':>5} {'batch':>5}   {'uninterrupted run':<36} {'killed, then resumed':<36}")
@@ -64,8 +68,10 @@ def print_summary(report: ResumeReport) -> None:
             other = resumed.get(record.key)
             mark = "same" if other is not None and other.fingerprint == record.fingerprint else "DIFFERENT"
             kill = "  <- killed just before this step" if record.step == report.kill_at else ""
-            print(f"{record.step:>5} {record.epoch:>5} {record.batch_idx:>5}   {_cell(record):<36} "
-                  f"{_cell(other) if other else '(missing)':<36} {mark}{kill}")
+            print(
+                f"{record.step:>5} {record.epoch:>5} {record.batch_idx:>5}   {_cell(record):<36} "
+                f"{_cell(other) if other else '(missing)':<36} {mark}{kill}"
+            )
     print()
     verdict = "IDENTICAL: the resumed run is the uninterrupted run" if report.equal else "MISMATCH"
     print(f"steps compared:                  {steps}")

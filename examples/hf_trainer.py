@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> None:
         report_to="none", dataloader_num_workers=args.workers, disable_tqdm=True, ddp_backend="gloo",
     )  # fmt: skip
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=16, n_layer=1, n_head=2, bos_token_id=0,
-                        eos_token_id=0)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=LENGTH, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
+    )
     model = GPT2LMHeadModel(config)  # random init: nothing downloaded
     callbacks = [KillAt(args.kill_at)] if args.kill_at is not None else []
     trainer = ResumableTrainer(model=model, args=training, train_dataset=Sequences(), callbacks=callbacks)

@@ -152,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         target = {c: 0.1 for c in range(10)} if order == "stratified" else None  # balanced: equal shares
         report = audit(sampler_for(order, labels), labels=labels, target=target, epochs=1)
         shares = report.counts.composition[0].sum(axis=0) / report.counts.composition[0].sum()
-        print(f"{order:>10}: minority recall {recall[order]:.2f}; class {MINORITY}'s share of the batches "
-              f"{shares[MINORITY]:.1%}; largest batch deviation from the target "
-              f"{report.composition[0].max_step_deviation:.3f}")
+        print(
+            f"{order:>10}: minority recall {recall[order]:.2f}; class {MINORITY}'s share of the batches "
+            f"{shares[MINORITY]:.1%}; largest batch deviation from the target "
+            f"{report.composition[0].max_step_deviation:.3f}"
+        )
         if args.plot and order == "stratified":
             from stateful_sampler.audit.plot import plot
 

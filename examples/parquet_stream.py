@@ -133,8 +133,10 @@ def compare(root: Path) -> bool:
     if divergence is None:
         print(f"identical batches:       {len(reference)} of {len(reference)} (record ids, in order)")
     else:
-        print(f"first divergence:        step {divergence}: expected ids {reference[divergence]['ids'][:6]}..., "
-              f"got {merged.get(divergence, {}).get('ids', [])[:6]}...")
+        print(
+            f"first divergence:        step {divergence}: expected ids {reference[divergence]['ids'][:6]}..., "
+            f"got {merged.get(divergence, {}).get('ids', [])[:6]}..."
+        )
     print(f"identical final weights: {'yes, bitwise' if same_weights else 'NO'}")
     equal = divergence is None and same_weights
     print(f"verdict:                 {'IDENTICAL' if equal else 'DIFFERENT'}")
@@ -149,8 +151,10 @@ def kill_and_resume(root: Path) -> None:
     os.killpg(victim.pid, signal.SIGKILL)  # the trainer and its 2 DataLoader workers, no clean-up
     victim.wait()
     saved = torch.load(root / "killed.pt")["step"]
-    print(f"killed with SIGKILL after step {KILL_AFTER} (epoch 1, batch {KILL_AFTER - 57} of 57); "
-          f"resuming from the checkpoint at step {saved} ({KILL_AFTER - saved} steps replayed)")
+    print(
+        f"killed with SIGKILL after step {KILL_AFTER} (epoch 1, batch {KILL_AFTER - 57} of 57); "
+        f"resuming from the checkpoint at step {saved} ({KILL_AFTER - saved} steps replayed)"
+    )
     if start(root, "killed").wait() != 0:
         raise RuntimeError("the resumed run failed")
 
@@ -185,8 +189,10 @@ def composition_table(root: Path) -> None:
     shard_labels = [np.array([r["label"] for r in reader.read(s, 0, pq.read_metadata(s).num_rows)]) for s in shards]
     overall = np.bincount(np.concatenate(shard_labels), minlength=10) / sum(map(len, shard_labels))
     all_labels = np.concatenate(shard_labels)
-    print(f"\nclass mix of the first 10 batches of {BATCH} (total variation from the dataset's 10 classes; "
-          f"0 is perfect) and distinct classes per batch, shards sorted by class, mean of epochs 0-4:")
+    print(
+        f"\nclass mix of the first 10 batches of {BATCH} (total variation from the dataset's 10 classes; "
+        f"0 is perfect) and distinct classes per batch, shards sorted by class, mean of epochs 0-4:"
+    )
     print(f"{'k shards':>9} {'records held':>13}   {'window shuffle':>20}   {'buffer shuffle, same memory':>28}")
     for window in (1, 2, 4, 8, 16, 64):
         stream = ShardedStream(shards, reader, batch_size=BATCH, window=window, seed=SEED,
@@ -198,8 +204,10 @@ def composition_table(root: Path) -> None:
             ours.append(quality(all_labels[records], overall))
             theirs.append(quality(buffer_shuffle(shard_labels, memory, np.random.default_rng(epoch)), overall))
         (tv, mix), (buffer_tv, buffer_mix) = np.mean(ours, axis=0), np.mean(theirs, axis=0)
-        print(f"{window:>9} {memory:>13}   {tv:>6.2f} TV, {mix:4.1f} classes   {buffer_tv:>11.2f} TV, "
-              f"{buffer_mix:4.1f} classes")
+        print(
+            f"{window:>9} {memory:>13}   {tv:>6.2f} TV, {mix:4.1f} classes   {buffer_tv:>11.2f} TV, "
+            f"{buffer_mix:4.1f} classes"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.s3:
             stats = ShardCache(ParquetReader(), root / "cache", max_bytes=1).stats()
             size = sum(os.path.getsize(path) for path in paths)
-            print(f"fetched from S3:         {stats.bytes} bytes in {stats.transfers} transfers for {size} bytes "
-                  f"of shards, 2 runs x 2 workers x {EPOCHS} epochs (footers, then each shard once)")
+            print(
+                f"fetched from S3:         {stats.bytes} bytes in {stats.transfers} transfers for {size} bytes "
+                f"of shards, 2 runs x 2 workers x {EPOCHS} epochs (footers, then each shard once)"
+            )
         composition_table(root)
     return 0 if equal else 1
 

@@ -40,8 +40,14 @@ def main(shard_dir: str, out_dir: str, name: str, workers: int, stop_after: int,
         stream.set_epoch(epoch)
         for consumed, (records, keys) in enumerate(loader, 1):
             dist.all_reduce(torch.tensor([float(records.sum())]))  # lockstep, like a gradient sync
-            seen.append({"epoch": epoch, "ids": records.tolist(), "positions": keys.position.tolist(),
-                         "padding": keys.is_padding.tolist()})
+            seen.append(
+                {
+                    "epoch": epoch,
+                    "ids": records.tolist(),
+                    "positions": keys.position.tolist(),
+                    "padding": keys.is_padding.tolist(),
+                }
+            )
             if len(seen) == stop_after:
                 if dist.get_rank() == 0:
                     (out / f"{name}_state.json").write_text(json.dumps(stream.state_dict(consumed_batches=consumed)))

@@ -17,7 +17,9 @@ from stateful_sampler.audit.report import Duplicate, HistogramBin, Occurrence, R
 
 def global_order(size: int, world_size: int, epoch: int = 0, **kwargs) -> list[int]:
     """The epoch's global order as the ranks interleave it: position p is rank p % W."""
-    per_rank = [StatefulSampler(size, num_replicas=world_size, rank=r, **kwargs).indices(epoch) for r in range(world_size)]
+    per_rank = [
+        StatefulSampler(size, num_replicas=world_size, rank=r, **kwargs).indices(epoch) for r in range(world_size)
+    ]
     return [int(per_rank[p % world_size][p // world_size]) for p in range(sum(map(len, per_rank)))]
 
 
@@ -40,7 +42,10 @@ def test_torch_order_counts_match_torch_distributed_sampler():
     expected = tuple(Duplicate(int(i), 2, 1) for i in np.flatnonzero(np.bincount(fed) == 2))
     epoch = audit(AuditConfig(size=10, world_size=3, seed=7, order="torch"), batch_size=4).epochs[0]
     assert (epoch.occurrences, epoch.distinct, epoch.duplicates) == (12, 10, expected)
-    assert expected == tuple(Duplicate(int(i), 2, 1) for i in sorted(torch.randperm(10, generator=torch.Generator().manual_seed(7))[:2].tolist()))
+    assert expected == tuple(
+        Duplicate(int(i), 2, 1)
+        for i in sorted(torch.randperm(10, generator=torch.Generator().manual_seed(7))[:2].tolist())
+    )
 
 
 def test_drop_feeds_9_and_names_the_record_never_seen():
@@ -73,7 +78,9 @@ def test_batches_of_3_with_drop_last_feed_9_and_name_the_cut_occurrences():
 
 
 def test_tail_drop_and_batch_drop_last_are_separate_boundaries():
-    epoch = audit(AuditConfig(size=10, world_size=3, shuffle=False, tail="drop"), batch_size=2, drop_last=True).epochs[0]
+    epoch = audit(AuditConfig(size=10, world_size=3, shuffle=False, tail="drop"), batch_size=2, drop_last=True).epochs[
+        0
+    ]
     assert epoch.dropped_by_tail == (9,)
     assert epoch.dropped_by_batch == (Occurrence(0, 6, False), Occurrence(1, 7, False), Occurrence(2, 8, False))
     assert (epoch.occurrences, epoch.distinct, epoch.unseen) == (6, 6, 4)
@@ -171,7 +178,11 @@ def test_carry_with_another_sampler_batch_size_is_warned():
 def test_the_report_is_json_ready():
     report = audit(AuditConfig(size=10, world_size=3), batch_size=3, drop_last=True, epochs=2)
     data = json.loads(json.dumps(report.to_dict()))
-    assert data["epochs"][0]["dropped_by_batch"][1] == {"rank": 1, "record": report.epochs[0].dropped_by_batch[1].record, "is_padding": True}
+    assert data["epochs"][0]["dropped_by_batch"][1] == {
+        "rank": 1,
+        "record": report.epochs[0].dropped_by_batch[1].record,
+        "is_padding": True,
+    }
     assert data["settings"]["drop_last"] is True and "counts" not in data
 
 
@@ -217,7 +228,9 @@ def test_bad_configurations_are_named(config, error, message):
 
 
 def test_too_many_occurrences_are_refused_rather_than_estimated():
-    with pytest.raises(ValueError, match=r"size=20000000 over epochs=6 is 120000000 occurrences, more than the 100000000"):
+    with pytest.raises(
+        ValueError, match=r"size=20000000 over epochs=6 is 120000000 occurrences, more than the 100000000"
+    ):
         audit(AuditConfig(size=20_000_000), batch_size=64, epochs=6)
 
 

@@ -24,18 +24,46 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
         [sys.executable, "-m", "stateful_sampler.cli", "audit", *args],
-        capture_output=True, text=True, timeout=300, cwd=cwd, env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env=env,
     )
 
 
 def test_the_table_names_the_figures_of_the_padded_epoch():
-    result = run_cli("--size", "10", "--world-size", "3", "--batch-size", "3", "--tail", "pad", "--epochs", "1",
-                     "--seed", "0", "--no-shuffle")
+    result = run_cli(
+        "--size",
+        "10",
+        "--world-size",
+        "3",
+        "--batch-size",
+        "3",
+        "--tail",
+        "pad",
+        "--epochs",
+        "1",
+        "--seed",
+        "0",
+        "--no-shuffle",
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("epoch")))
-    assert lines[header].split() == ["epoch", "fed", "distinct", "padding", "repeated", "cut:tail", "cut:batch",
-                                     "unseen", "steps", "last", "batch"]
+    assert lines[header].split() == [
+        "epoch",
+        "fed",
+        "distinct",
+        "padding",
+        "repeated",
+        "cut:tail",
+        "cut:batch",
+        "unseen",
+        "steps",
+        "last",
+        "batch",
+    ]
     assert lines[header + 1].split() == ["0", "12", "10", "2", "2", "0", "0", "0", "2", "1", "1", "1", "(size", "1!)"]
     assert "  epoch 0: repeated: 0 x2 (1 padding), 1 x2 (1 padding)" in lines
     assert any("batch of 1 sample on rank(s) 0, 1, 2" in line and "BatchNorm" in line for line in lines)
@@ -54,18 +82,48 @@ def test_json_output_is_the_report_and_lightning_is_never_imported():
     data = json.loads(result.stdout)
     assert [epoch["occurrences"] for epoch in data["epochs"]] == [9, 9]
     assert [len(epoch["dropped_by_tail"]) for epoch in data["epochs"]] == [1, 1]
-    assert data["settings"] == {"size": 10, "world_size": 3, "seed": 4, "shuffle": True, "tail": "drop", "order": "fast",
-                                "sampler_batch_size": 3, "batch_size": 3, "drop_last": True, "num_workers": 0,
-                                "start_epoch": 0, "epochs": 2, "strategy": "uniform"}
+    assert data["settings"] == {
+        "size": 10,
+        "world_size": 3,
+        "seed": 4,
+        "shuffle": True,
+        "tail": "drop",
+        "order": "fast",
+        "sampler_batch_size": 3,
+        "batch_size": 3,
+        "drop_last": True,
+        "num_workers": 0,
+        "start_epoch": 0,
+        "epochs": 2,
+        "strategy": "uniform",
+    }
 
 
 def test_the_console_script_writes_a_png(tmp_path):
     script = Path(sys.executable).with_name("stateful-sampler")
     picture = tmp_path / "audit.png"
     result = subprocess.run(
-        [str(script), "audit", "--size", "300", "--world-size", "2", "--batch-size", "8", "--tail", "pad", "--epochs", "4",
-         "--seed", "1", "--plot", str(picture)],
-        capture_output=True, text=True, timeout=300,
+        [
+            str(script),
+            "audit",
+            "--size",
+            "300",
+            "--world-size",
+            "2",
+            "--batch-size",
+            "8",
+            "--tail",
+            "pad",
+            "--epochs",
+            "4",
+            "--seed",
+            "1",
+            "--plot",
+            str(picture),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert picture.stat().st_size > 10_000 and picture.read_bytes()[:8] == PNG_SIGNATURE
@@ -85,8 +143,10 @@ def test_more_ranks_than_records_under_drop_exits_non_zero_with_the_message():
     [
         (["--size", "10", "--batch-size", "0"], "batch_size must be at least 1"),  # the limit is the sampler's
         (["--batch-size", "4"], "--size is required (or --labels FILE.npy, or --config CONFIG.yaml)"),
-        (["--size", "10", "--world-size", "0", "--batch-size", "1"],
-         "world_size must be at least 1 and at most 65536, got 0"),
+        (
+            ["--size", "10", "--world-size", "0", "--batch-size", "1"],
+            "world_size must be at least 1 and at most 65536, got 0",
+        ),
         (["--size", "10", "--batch-size", "2", "--epochs", "0"], "epochs must be at least 1, got 0"),
         (["--size", "10", "--batch-size", "2", "--num-workers", "-1"], "num_workers must be at least 0, got -1"),
         (["--size", "10", "--batch-size", "2", "--config", "missing.yaml"], "--size cannot be combined with --config"),
@@ -106,10 +166,13 @@ def test_a_million_ranks_exit_2_naming_world_size_and_the_limit(capsys):
 
 def test_epochs_beyond_the_rank_epoch_limit_exit_2_naming_the_limit(capsys):
     assert main(["--size", "0", "--batch-size", "1", "--epochs", str(10**9)]) == 2
-    assert capsys.readouterr() == ("", (
-        "stateful-sampler audit: error: epochs=1000000000 on world_size=1 ranks is 1000000000 rank-epochs, more than "
-        "the 65536 the audit computes per call: audit fewer epochs per call (start_epoch picks them)\n"
-    ))
+    assert capsys.readouterr() == (
+        "",
+        (
+            "stateful-sampler audit: error: epochs=1000000000 on world_size=1 ranks is 1000000000 rank-epochs, more than "
+            "the 65536 the audit computes per call: audit fewer epochs per call (start_epoch picks them)\n"
+        ),
+    )
 
 
 def test_an_unknown_tail_is_refused_by_the_parser(capsys):
@@ -128,7 +191,9 @@ class AuditedData(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         sampler = StatefulSampler(self.size, seed=self.seed, tail=self.tail, batch_size=self.batch_size)
-        return DataLoader(torch.arange(self.size), sampler=sampler, batch_size=self.batch_size, drop_last=self.drop_last)
+        return DataLoader(
+            torch.arange(self.size), sampler=sampler, batch_size=self.batch_size, drop_last=self.drop_last
+        )
 
 
 class TinyModel(LightningModule):
@@ -159,15 +224,30 @@ def test_config_audits_the_train_loader_of_a_lightning_cli_config(tmp_path):
     result = run_cli("--config", str(config), "--world-size", "2", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["settings"] == {"size": 9, "world_size": 2, "seed": 3, "shuffle": True, "tail": "pad",
-                                     "order": "fast", "sampler_batch_size": 4, "batch_size": 4, "drop_last": False,
-                                     "num_workers": 0, "start_epoch": 0, "epochs": 1, "strategy": "uniform"}
+    assert data["settings"] == {
+        "size": 9,
+        "world_size": 2,
+        "seed": 3,
+        "shuffle": True,
+        "tail": "pad",
+        "order": "fast",
+        "sampler_batch_size": 4,
+        "batch_size": 4,
+        "drop_last": False,
+        "num_workers": 0,
+        "start_epoch": 0,
+        "epochs": 1,
+        "strategy": "uniform",
+    }
     # 9 records on 2 ranks pad to 10: 5 per rank, batches of 4 and 1.
     assert [rank["last_batch_size"] for rank in data["epochs"][0]["ranks"]] == [1, 1]
     assert data["epochs"][0]["occurrences"] == 10 and data["epochs"][0]["distinct"] == 9
     clash = run_cli("--config", str(config), "--size", "5", cwd=tmp_path)
     assert clash.returncode == 2
-    assert clash.stderr == "stateful-sampler audit: error: --size cannot be combined with --config: the config defines the sampler\n"
+    assert (
+        clash.stderr
+        == "stateful-sampler audit: error: --size cannot be combined with --config: the config defines the sampler\n"
+    )
 
 
 # -- a config that cannot be audited: exit 2 and a message, never a traceback (issue 9, item 10)

@@ -125,14 +125,22 @@ def test_the_command_line_audits_a_strategy_from_label_files_with_composition_an
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--strategy", "grouped", "--batch-size", "2", "--size", "4"],
-         "--strategy grouped needs --labels FILE.npy (its groups, one per record)"),  # fmt: skip
-        (["--strategy", "weighted", "--labels", "{labels}", "--batch-size", "2"],
-         "--strategy weighted needs --weights FILE.npy (one weight per record)"),  # fmt: skip
-        (["--weights", "{labels}", "--batch-size", "2", "--size", "100"],
-         "--weights applies to --strategy weighted only, not uniform"),  # fmt: skip
-        (["--labels", "{labels}", "--size", "99", "--batch-size", "2"],
-         "--labels must have one entry per record: length 99, got 100"),  # fmt: skip
+        (
+            ["--strategy", "grouped", "--batch-size", "2", "--size", "4"],
+            "--strategy grouped needs --labels FILE.npy (its groups, one per record)",
+        ),  # fmt: skip
+        (
+            ["--strategy", "weighted", "--labels", "{labels}", "--batch-size", "2"],
+            "--strategy weighted needs --weights FILE.npy (one weight per record)",
+        ),  # fmt: skip
+        (
+            ["--weights", "{labels}", "--batch-size", "2", "--size", "100"],
+            "--weights applies to --strategy weighted only, not uniform",
+        ),  # fmt: skip
+        (
+            ["--labels", "{labels}", "--size", "99", "--batch-size", "2"],
+            "--labels must have one entry per record: length 99, got 100",
+        ),  # fmt: skip
         (["--labels", str(Path("missing.npy")), "--batch-size", "2"], "--labels: no such file: missing.npy"),
     ],
 )

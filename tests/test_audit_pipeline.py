@@ -45,7 +45,9 @@ class Run:
             yield_keys=True,
         )
         dataset = KeyedDataset(list(range(self.size)))
-        return DataLoader(dataset, sampler=sampler, batch_size=self.batch_size, drop_last=self.drop_last, num_workers=num_workers)
+        return DataLoader(
+            dataset, sampler=sampler, batch_size=self.batch_size, drop_last=self.drop_last, num_workers=num_workers
+        )
 
 
 def fed_batches(run: Run, epoch: int, rank: int, num_workers: int = 0) -> list[tuple[list[int], list[bool], list[int]]]:
@@ -97,7 +99,9 @@ def carried_over(run: Run, epoch: int) -> tuple[int, ...]:
         return ()
     ahead = -(-run.world_size * run.batch_size // run.size) + 1
     later = range(epoch + 1, epoch + 1 + ahead)
-    return tuple(sorted(k.index for e in later for r in range(run.world_size) for k in drawn(run, e, r) if k.epoch <= epoch))
+    return tuple(
+        sorted(k.index for e in later for r in range(run.world_size) for k in drawn(run, e, r) if k.epoch <= epoch)
+    )
 
 
 def brute_force_mates(size: int, batches: list[list[int]]) -> np.ndarray:
@@ -126,7 +130,9 @@ runs = st.builds(
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(run=runs)
 def test_audit_counts_equal_a_brute_force_count_of_the_real_dataloader(run: Run):
-    report = audit(run.config(), batch_size=run.batch_size, drop_last=run.drop_last, epochs=run.epochs, start_epoch=run.start_epoch)
+    report = audit(
+        run.config(), batch_size=run.batch_size, drop_last=run.drop_last, epochs=run.epochs, start_epoch=run.start_epoch
+    )
     total = Counter()
     all_batches = []
     cumulative = set()
@@ -136,8 +142,17 @@ def test_audit_counts_equal_a_brute_force_count_of_the_real_dataloader(run: Run)
         all_batches += expected["batches"]
         cumulative |= set(expected["counts"])
         assert epoch_report.epoch == epoch
-        for name in ("occurrences", "distinct", "padding", "duplicates", "dropped_by_tail", "dropped_by_batch", "ranks",
-                     "carried_in", "carried_over"):
+        for name in (
+            "occurrences",
+            "distinct",
+            "padding",
+            "duplicates",
+            "dropped_by_tail",
+            "dropped_by_batch",
+            "ranks",
+            "carried_in",
+            "carried_over",
+        ):
             assert getattr(epoch_report, name) == expected[name], name
         assert epoch_report.unseen == run.size - expected["distinct"]
         steps = {rank.batches for rank in expected["ranks"]}
@@ -158,8 +173,18 @@ def test_audit_counts_equal_a_brute_force_count_of_the_real_dataloader(run: Run)
 def test_past_the_pair_limit_a_stated_sample_of_records_is_measured_each_exactly(monkeypatch):
     monkeypatch.setattr(mates, "PAIR_LIMIT", 500)
     monkeypatch.setattr(mates, "_CHUNK_PAIRS", 64)  # several chunks, so chunk edges are exercised
-    run = Run(size=60, world_size=2, batch_size=5, tail="pad", drop_last=False, shuffle=True, order="fast", seed=3,
-              epochs=3, start_epoch=0)
+    run = Run(
+        size=60,
+        world_size=2,
+        batch_size=5,
+        tail="pad",
+        drop_last=False,
+        shuffle=True,
+        order="fast",
+        seed=3,
+        epochs=3,
+        start_epoch=0,
+    )
     report = audit(run.config(), batch_size=5, epochs=3)
     pairs = 3 * 2 * 6 * 25
     assert report.batch_mates.records_measured == 60 * 500 // pairs and not report.batch_mates.exact
@@ -178,8 +203,18 @@ def test_past_the_pair_limit_a_stated_sample_of_records_is_measured_each_exactly
 @pytest.mark.parametrize("tail", ["pad", "carry"])
 def test_worker_processes_change_no_batch(tail):
     """Why ``num_workers`` is only reported: real worker processes yield the very batches 0 workers do."""
-    run = Run(size=23, world_size=2, batch_size=4, tail=tail, drop_last=False, shuffle=True, order="fast", seed=11,
-              epochs=2, start_epoch=0)
+    run = Run(
+        size=23,
+        world_size=2,
+        batch_size=4,
+        tail=tail,
+        drop_last=False,
+        shuffle=True,
+        order="fast",
+        seed=11,
+        epochs=2,
+        start_epoch=0,
+    )
     for epoch in range(2):
         for rank in range(2):
             assert fed_batches(run, epoch, rank, num_workers=2) == fed_batches(run, epoch, rank, num_workers=0)

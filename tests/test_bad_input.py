@@ -16,7 +16,11 @@ from stateful_sampler import IncompatibleStateError, StatefulSampler
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        (dict(data_source=-1), ValueError, "data_source (its length N) must be at least 0 and at most 4611686018427387903, got -1"),
+        (
+            dict(data_source=-1),
+            ValueError,
+            "data_source (its length N) must be at least 0 and at most 4611686018427387903, got -1",
+        ),
         (dict(data_source=2**62), ValueError, "data_source (its length N) must be at least 0 and at most"),
         (dict(data_source=object()), TypeError, "data_source must be a sized dataset or an int, got object"),
         (dict(data_source=3.5), TypeError, "data_source must be a sized dataset or an int, got float"),
@@ -24,16 +28,40 @@ from stateful_sampler import IncompatibleStateError, StatefulSampler
         (dict(data_source=10, seed=1.5), TypeError, "seed must be an int, got float 1.5"),
         (dict(data_source=10, seed="1"), TypeError, "seed must be an int, got str '1'"),
         (dict(data_source=10, seed=-1), ValueError, "seed must be at least 0 and at most 9223372036854775807, got -1"),
-        (dict(data_source=10, seed=2**63), ValueError, "seed must be at least 0 and at most 9223372036854775807, got 9223372036854775808"),
+        (
+            dict(data_source=10, seed=2**63),
+            ValueError,
+            "seed must be at least 0 and at most 9223372036854775807, got 9223372036854775808",
+        ),
         (dict(data_source=10, seed=True), TypeError, "seed must be an int, got bool True"),
-        (dict(data_source=10, rank=3, num_replicas=3), ValueError, "rank must lie in [0, num_replicas) = [0, 3), got 3"),
-        (dict(data_source=10, rank=-1, num_replicas=3), ValueError, "rank must be at least 0 and at most 1073741823, got -1"),
-        (dict(data_source=10, num_replicas=0), ValueError, "num_replicas must be at least 1 and at most 1073741824, got 0"),
-        (dict(data_source=10, tail="wrap"), ValueError, "tail must be one of ['pad', 'drop', 'uneven', 'carry'], got 'wrap'"),
+        (
+            dict(data_source=10, rank=3, num_replicas=3),
+            ValueError,
+            "rank must lie in [0, num_replicas) = [0, 3), got 3",
+        ),
+        (
+            dict(data_source=10, rank=-1, num_replicas=3),
+            ValueError,
+            "rank must be at least 0 and at most 1073741823, got -1",
+        ),
+        (
+            dict(data_source=10, num_replicas=0),
+            ValueError,
+            "num_replicas must be at least 1 and at most 1073741824, got 0",
+        ),
+        (
+            dict(data_source=10, tail="wrap"),
+            ValueError,
+            "tail must be one of ['pad', 'drop', 'uneven', 'carry'], got 'wrap'",
+        ),
         (dict(data_source=10, order="random"), ValueError, "order must be one of ['fast', 'torch'], got 'random'"),
         (dict(data_source=10, batch_size=0), ValueError, "batch_size must be at least 1 and at most 1073741824, got 0"),
         (dict(data_source=10, shuffle=1), TypeError, "shuffle must be a bool, got int 1"),
-        (dict(data_source=2, num_replicas=3, rank=0, tail="drop"), ValueError, "tail='drop' with 2 records on num_replicas=3"),
+        (
+            dict(data_source=2, num_replicas=3, rank=0, tail="drop"),
+            ValueError,
+            "tail='drop' with 2 records on num_replicas=3",
+        ),
     ],
 )
 def test_constructor_errors_name_the_argument(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
@@ -133,7 +161,11 @@ def test_state_is_small_json_whatever_the_size(
 
 VALID = saved_state()
 WRONG_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=5),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=5),
     st.lists(st.integers(), max_size=2),
 )
 

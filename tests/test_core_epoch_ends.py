@@ -254,7 +254,9 @@ def test_the_loader_exposes_its_dataset_batch_size_and_workers() -> None:
 
 def test_a_loader_yielding_records_one_by_one_counts_records_not_sampler_batches() -> None:
     def make() -> ResumableLoader:
-        return ResumableLoader(DataLoader(range(10), sampler=StatefulSampler(10, seed=5, batch_size=2), batch_size=None))
+        return ResumableLoader(
+            DataLoader(range(10), sampler=StatefulSampler(10, seed=5, batch_size=2), batch_size=None)
+        )
 
     loader = make()
     iterator = iter(loader)
@@ -364,7 +366,11 @@ def test_a_sampler_state_given_to_the_loader_and_a_loader_state_given_to_the_sam
 def test_distributed_sampler_s_positional_arguments_and_drop_last_are_taken() -> None:
     sampler = StatefulSampler(10, 2, 1, False, 0, True)
     assert (sampler.num_replicas, sampler.rank, sampler.shuffle, sampler.tail.value, sampler.drop_last) == (
-        2, 1, False, "drop", True,
+        2,
+        1,
+        False,
+        "drop",
+        True,
     )
     assert list(sampler) == list(torch.utils.data.DistributedSampler(range(10), 2, 1, False, 0, True))
     assert StatefulSampler(10, drop_last=False).tail.value == "pad"

@@ -209,7 +209,12 @@ def test_out_of_range_epochs_are_refused_where_they_enter(epoch: int) -> None:
 @pytest.mark.parametrize(
     ("data_source", "kwargs", "error", "message"),
     [
-        (2**40, {"order": "torch"}, ValueError, "order='torch' holds randperm(N) in memory: N must be at most 2147483648"),
+        (
+            2**40,
+            {"order": "torch"},
+            ValueError,
+            "order='torch' holds randperm(N) in memory: N must be at most 2147483648",
+        ),
         ("10", {}, TypeError, "data_source must be a sized dataset or an int, got str '10'"),
         (b"10", {}, TypeError, "data_source must be a sized dataset or an int, got bytes"),
         (torch.tensor(1.5), {}, TypeError, "data_source as a 0-d tensor must hold an integer"),
@@ -228,7 +233,12 @@ def test_a_0d_integer_tensor_is_a_size() -> None:
 
 def test_consumed_batches_beyond_the_pass_is_refused_naming_its_length() -> None:
     sampler = StatefulSampler(22, batch_size=4)
-    with pytest.raises(ValueError, match=re.escape("consumed_batches must be at most 6, the batches of the current pass (22 indices in batches of 4), got 7")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "consumed_batches must be at most 6, the batches of the current pass (22 indices in batches of 4), got 7"
+        ),
+    ):
         sampler.state_dict(consumed_batches=7)
 
 
@@ -243,8 +253,19 @@ def test_two_iterators_over_one_sampler_each_yield_the_epoch_and_the_state_follo
 
 
 def test_a_version_1_state_from_release_0_1_0_still_loads() -> None:
-    v1 = {"version": 1, "size": 100, "seed": 3, "shuffle": True, "tail": "pad", "order": "fast", "epoch": 2,
-          "position": 24, "carry_start": 0, "world_size": 4, "batch_size": 3}
+    v1 = {
+        "version": 1,
+        "size": 100,
+        "seed": 3,
+        "shuffle": True,
+        "tail": "pad",
+        "order": "fast",
+        "epoch": 2,
+        "position": 24,
+        "carry_start": 0,
+        "world_size": 4,
+        "batch_size": 3,
+    }
     samplers = ranks(100, 4, seed=3, batch_size=3)
     for sampler in samplers:
         sampler.set_epoch(2)

@@ -88,8 +88,13 @@ class ResumeMachine(RuleBasedStateMachine):
         self.ranks = [
             Rank(
                 StatefulSampler(
-                    self.size, seed=self.seed, tail=self.tail, num_replicas=world_size, rank=rank,
-                    batch_size=batch_size, yield_keys=True,
+                    self.size,
+                    seed=self.seed,
+                    tail=self.tail,
+                    num_replicas=world_size,
+                    rank=rank,
+                    batch_size=batch_size,
+                    yield_keys=True,
                 )
             )
             for rank in range(world_size)
@@ -185,8 +190,13 @@ class ResumeMachine(RuleBasedStateMachine):
                     assert state["position"] == state["epoch_end"] and ended, f"drawn {drawn} != consumed {state}"
         authoritative = states[0] if self.tail == "uneven" else states[rank_index % len(states)]
         self.saved = Snapshot(
-            authoritative, self.epoch, list(self.consumed), self.stream, set(self.configs),
-            [list(s) for s in self.steps], self.changed,
+            authoritative,
+            self.epoch,
+            list(self.consumed),
+            self.stream,
+            set(self.configs),
+            [list(s) for s in self.steps],
+            self.changed,
         )
 
     @precondition(lambda self: self.saved is not None)
@@ -220,7 +230,9 @@ class ResumeMachine(RuleBasedStateMachine):
             self.stream += len(self.consumed)
             # Only a remainder smaller than a global batch of the pass is left for the next epoch (the
             # global batch in force where the epoch's end was fixed: an epoch saved as finished keeps it).
-            assert (self.epoch + 1) * self.size - self.stream < max(world_size * batch_size for world_size, batch_size in self.configs)
+            assert (self.epoch + 1) * self.size - self.stream < max(
+                world_size * batch_size for world_size, batch_size in self.configs
+            )
         if not self.changed:
             assert self.steps == self._uninterrupted(self.epoch), "same ranks and batch size, other batches"
         self.epoch += 1
@@ -234,8 +246,9 @@ class ResumeMachine(RuleBasedStateMachine):
         if not self.reference_batches:
             world_size, batch_size = self.initial
             samplers = [
-                StatefulSampler(self.size, seed=self.seed, tail=self.tail, num_replicas=world_size, rank=rank,
-                                batch_size=batch_size)
+                StatefulSampler(
+                    self.size, seed=self.seed, tail=self.tail, num_replicas=world_size, rank=rank, batch_size=batch_size
+                )
                 for rank in range(world_size)
             ]
             for each in range(epoch + 1):
@@ -263,5 +276,7 @@ class ResumeMachine(RuleBasedStateMachine):
             assert len(records) == len(set(records))
 
 
-ResumeMachine.TestCase.settings = settings(max_examples=int(os.environ.get('RESUME_MODEL_EXAMPLES', 1500)), stateful_step_count=30, deadline=None)
+ResumeMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("RESUME_MODEL_EXAMPLES", 1500)), stateful_step_count=30, deadline=None
+)
 test_resume_contract_against_the_reference_model = ResumeMachine.TestCase

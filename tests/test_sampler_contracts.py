@@ -127,10 +127,21 @@ def test_torch_order_equals_distributed_sampler_on_200_configurations() -> None:
         size = rng.choice([rng.randint(0, 40), rng.randint(0, 5000)])
         world_size = rng.randint(1, 16)
         drop = rng.random() < 0.5 and size >= world_size
-        rank, seed, epoch, shuffle = rng.randrange(world_size), rng.randint(0, 2**40), rng.randint(0, 50), rng.random() < 0.8
+        rank, seed, epoch, shuffle = (
+            rng.randrange(world_size),
+            rng.randint(0, 2**40),
+            rng.randint(0, 50),
+            rng.random() < 0.8,
+        )
         reference = DistributedSampler(range(size), world_size, rank, shuffle=shuffle, seed=seed, drop_last=drop)
         ours = StatefulSampler(
-            size, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, tail="drop" if drop else "pad", order="torch"
+            size,
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            tail="drop" if drop else "pad",
+            order="torch",
         )
         reference.set_epoch(epoch)
         ours.set_epoch(epoch)
@@ -164,7 +175,9 @@ def test_set_epoch_keeps_the_current_epoch_position_and_resets_on_a_new_one() ->
     restored = StatefulSampler(20, seed=1, batch_size=5)
     restored.load_state_dict(sampler.state_dict())
     restored.set_epoch(0)  # Lightning calls set_epoch again on resume
-    assert head + list(restored) == StatefulSampler(20, seed=1).indices(0).tolist()  # indices(): the rest, since issue 17
+    assert (
+        head + list(restored) == StatefulSampler(20, seed=1).indices(0).tolist()
+    )  # indices(): the rest, since issue 17
     restored.load_state_dict(sampler.state_dict())
     restored.set_epoch(1)
     assert list(restored) == sampler.indices(1).tolist()
@@ -210,7 +223,7 @@ def test_keys_of_the_largest_seed_collate_into_tensors() -> None:
     from stateful_sampler import KeyedDataset
 
     sampler = StatefulSampler(4, seed=2**63 - 1, yield_keys=True)
-    (values, keys), = list(DataLoader(KeyedDataset(torch.arange(4)), sampler=sampler, batch_size=4))
+    ((values, keys),) = list(DataLoader(KeyedDataset(torch.arange(4)), sampler=sampler, batch_size=4))
     assert keys.seed.tolist() == [2**63 - 1] * 4
     assert sorted(values.tolist()) == [0, 1, 2, 3]
 

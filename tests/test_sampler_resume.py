@@ -39,8 +39,15 @@ def fix_config(size: int, world_size: int, tail: str) -> int:
 @example(10**6, 3, 8, "carry", "fast", 5, 7, 0.5, 1)
 @example(10**6, 16, None, "pad", "torch", 2**62, 0, 0.999, 0)
 def test_resume_at_any_position_yields_the_exact_suffix(
-    size: int, world_size: int, batch_size: int | None, tail: str, order: str, seed: int,
-    start_epoch: int, stop_fraction: float, save_offset: int,
+    size: int,
+    world_size: int,
+    batch_size: int | None,
+    tail: str,
+    order: str,
+    seed: int,
+    start_epoch: int,
+    stop_fraction: float,
+    save_offset: int,
 ) -> None:
     size = fix_config(size, world_size, tail)
     if tail == "carry":
@@ -185,7 +192,9 @@ def test_torchdata_stateful_dataloader_resumes_exactly_without_fast_forwarding(n
 
     def make() -> tuple[CountingSampler, StatefulDataLoader]:
         sampler = CountingSampler(size, seed=4, batch_size=batch)
-        return sampler, StatefulDataLoader(torch.arange(size), sampler=sampler, batch_size=batch, num_workers=num_workers)
+        return sampler, StatefulDataLoader(
+            torch.arange(size), sampler=sampler, batch_size=batch, num_workers=num_workers
+        )
 
     def run(sampler: CountingSampler, loader: StatefulDataLoader, start: int, stop_after: int | None = None):
         seen: list[list[int]] = []

@@ -150,11 +150,14 @@ def test_torch_generator_runs_the_derived_mt19937_state():
 
 @pytest.mark.slow
 def test_a_million_distinct_triples_get_distinct_sample_seeds():
-    seeds, epochs, indices = (axis.ravel() for axis in np.meshgrid(
-        np.array([0, 1, 2, 3, 2**63, 2**64 - 1], dtype=np.uint64),
-        np.arange(0, 17, dtype=np.uint64),
-        np.arange(0, 10_000, dtype=np.uint64),
-    ))
+    seeds, epochs, indices = (
+        axis.ravel()
+        for axis in np.meshgrid(
+            np.array([0, 1, 2, 3, 2**63, 2**64 - 1], dtype=np.uint64),
+            np.arange(0, 17, dtype=np.uint64),
+            np.arange(0, 10_000, dtype=np.uint64),
+        )
+    )
     state = np.full(seeds.shape, mix64(int(Domain.SAMPLE)), dtype=np.uint64)
     for words in (seeds, epochs, indices):  # derive_seed, vectorised: state = mix64(state ^ word)
         state = mix64_array(state ^ words, 0, state)

@@ -110,7 +110,8 @@ def test_a_batch_draws_what_each_sample_drew_alone_before_and_restores_every_glo
 def test_the_cached_gaussians_of_the_caller_survive_a_load():
     disturb_outside(5)
     after_load = SeededDataset(DrawsEverything())[SampleKey(1, 2, 3, 0, False)] and (
-        np.random.standard_normal(), random.gauss(0, 1)
+        np.random.standard_normal(),
+        random.gauss(0, 1),
     )
     disturb_outside(5)
     assert (np.random.standard_normal(), random.gauss(0, 1)) == after_load

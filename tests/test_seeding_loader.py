@@ -35,13 +35,26 @@ def perturb_main_rng(draws: int) -> None:
     torch.rand(draws), np.random.random(draws), [random.random() for _ in range(draws)]
 
 
-def make(num_workers: int, *, world_size: int = 1, rank: int = 0, tail: str = "pad", seed: int = SEED,
-         persistent: bool = False) -> tuple[StatefulSampler, DataLoader]:
+def make(
+    num_workers: int,
+    *,
+    world_size: int = 1,
+    rank: int = 0,
+    tail: str = "pad",
+    seed: int = SEED,
+    persistent: bool = False,
+) -> tuple[StatefulSampler, DataLoader]:
     batch = BATCH // world_size
-    sampler = StatefulSampler(Augmented(), seed=seed, num_replicas=world_size, rank=rank, tail=tail,
-                              batch_size=batch, yield_keys=True)
-    loader = DataLoader(SeededDataset(Augmented()), sampler=sampler, batch_size=batch, num_workers=num_workers,
-                        persistent_workers=persistent)
+    sampler = StatefulSampler(
+        Augmented(), seed=seed, num_replicas=world_size, rank=rank, tail=tail, batch_size=batch, yield_keys=True
+    )
+    loader = DataLoader(
+        SeededDataset(Augmented()),
+        sampler=sampler,
+        batch_size=batch,
+        num_workers=num_workers,
+        persistent_workers=persistent,
+    )
     return sampler, loader
 
 
@@ -53,8 +66,9 @@ def rows_of(batch: tuple[torch.Tensor, object]) -> list[Row]:
     ]
 
 
-def train(sampler: StatefulSampler, loader: DataLoader, *, stop_at: tuple[int, int] | None = None,
-          epochs: int = EPOCHS) -> tuple[list[Row], dict | None]:
+def train(
+    sampler: StatefulSampler, loader: DataLoader, *, stop_at: tuple[int, int] | None = None, epochs: int = EPOCHS
+) -> tuple[list[Row], dict | None]:
     """Rows of every sample trained on, epoch by epoch from the sampler's epoch; with ``stop_at``
     = (epoch, batches), stop after that many batches of that epoch and return the state to resume."""
     rows: list[Row] = []
@@ -72,8 +86,15 @@ def uninterrupted(num_workers: int, tail: str = "pad", seed: int = SEED) -> list
     return train(*make(num_workers, tail=tail, seed=seed))[0]
 
 
-def interrupted(save_workers: int, resume_workers: int, stop_at: tuple[int, int], *, tail: str = "pad",
-                seed: int = SEED, persistent: bool = False) -> list[Row]:
+def interrupted(
+    save_workers: int,
+    resume_workers: int,
+    stop_at: tuple[int, int],
+    *,
+    tail: str = "pad",
+    seed: int = SEED,
+    persistent: bool = False,
+) -> list[Row]:
     before, state = train(*make(save_workers, tail=tail, seed=seed, persistent=persistent), stop_at=stop_at)
     assert state is not None
     perturb_main_rng(7)
@@ -163,8 +184,9 @@ def test_padding_on_two_ranks_repeats_its_records_values():
     padding = [row for row in rows if row[3]]
     assert [row[1] for row in padding] == [21]
     single = StatefulSampler(21, seed=SEED, batch_size=4, yield_keys=True)
-    single_rows = [row for batch in DataLoader(SeededDataset(Augmented()), sampler=single, batch_size=4)
-                   for row in rows_of(batch)]
+    single_rows = [
+        row for batch in DataLoader(SeededDataset(Augmented()), sampler=single, batch_size=4) for row in rows_of(batch)
+    ]
     assert padding[0][4:] == next(row[4:] for row in single_rows if row[2] == padding[0][2])
 
 

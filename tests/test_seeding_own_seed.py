@@ -55,8 +55,9 @@ def test_an_augmentation_seed_outside_0_to_2_63_is_refused(seed, error, message)
 
 
 def collated_key() -> SampleKey:
-    loader = DataLoader(SeededDataset(DrawsEverything()), batch_size=2,
-                        sampler=StatefulSampler(4, seed=3, yield_keys=True))
+    loader = DataLoader(
+        SeededDataset(DrawsEverything()), batch_size=2, sampler=StatefulSampler(4, seed=3, yield_keys=True)
+    )
     return next(iter(loader))[1]
 
 
@@ -87,8 +88,12 @@ def test_a_key_field_outside_64_bits_is_refused_naming_it():
 @pytest.mark.parametrize(
     ("dataset", "global_rngs", "message"),
     [
-        (WithGenerators(), ("torch", "cuda"), r"global_rngs must name some of \['random', 'numpy', 'torch'\], "
-                                              r"got 'cuda'"),
+        (
+            WithGenerators(),
+            ("torch", "cuda"),
+            r"global_rngs must name some of \['random', 'numpy', 'torch'\], "
+            r"got 'cuda'",
+        ),
         (DrawsEverything(), (), r"global_rngs=\(\) seeds nothing for DrawsEverything, which has no load_sample"),
     ],
 )

@@ -48,8 +48,9 @@ print(json.dumps({"restarting": run(True, False), "persistent": run(True, True),
 @cache
 def fresh_run(noise: int) -> dict:
     """A new Python process that first draws ``noise`` numbers from each global RNG, then loads."""
-    result = subprocess.run([sys.executable, "-c", SEED_WORKER_RUN, str(noise), str(ROOT)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", SEED_WORKER_RUN, str(noise), str(ROOT)], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
@@ -104,8 +105,13 @@ print(json.dumps({"rows": rows, "first_worker_draws": first[1:]}))
 def test_a_real_two_process_ddp_run_draws_the_values_of_one_process_per_global_position(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ranks = [
-        subprocess.Popen([sys.executable, "-c", DDP_RANK, str(ROOT), str(tmp_path / "rendezvous")],
-                         env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", DDP_RANK, str(ROOT), str(tmp_path / "rendezvous")],
+            env={**env, "RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in (0, 1)
     ]
     outputs = [process.communicate(timeout=300) for process in ranks]

@@ -89,8 +89,12 @@ def _capture(errors: list, function, *args) -> None:  # type: ignore[no-untyped-
 
 
 def torchdata_thread_map(dataset: SeededDataset) -> list:
-    node = ParallelMapper(SamplerWrapper(StatefulSampler(SIZE, seed=21, yield_keys=True)), map_fn=dataset.__getitem__,
-                          num_workers=4, method="thread")
+    node = ParallelMapper(
+        SamplerWrapper(StatefulSampler(SIZE, seed=21, yield_keys=True)),
+        map_fn=dataset.__getitem__,
+        num_workers=4,
+        method="thread",
+    )
     return list(Loader(node))
 
 

@@ -180,8 +180,11 @@ def test_a_state_from_other_groups_is_refused_naming_the_strategy_fingerprint() 
         (lambda: Grouped([0, 1], lanes=3), ValueError, r"lanes must be at most the number of groups \(2\), got 3"),
         (lambda: Grouped([0, 1], lanes=0), ValueError, "lanes must be at least 1, got 0"),
         (lambda: Grouped([0, 1], shuffle_within=1), TypeError, "shuffle_within must be a bool, got int 1"),
-        (lambda: StatefulSampler(3, strategy=Grouped([0, 1])), ValueError,
-         "groups must have one entry per record: length 3, got 2"),  # fmt: skip
+        (
+            lambda: StatefulSampler(3, strategy=Grouped([0, 1])),
+            ValueError,
+            "groups must have one entry per record: length 3, got 2",
+        ),  # fmt: skip
     ],
 )
 def test_bad_groups_are_refused_naming_the_argument(call: Any, error: type[Exception], message: str) -> None:

@@ -69,7 +69,9 @@ def test_a_state_from_another_strategy_or_other_arrays_is_refused_by_name() -> N
     with pytest.raises(IncompatibleStateError) as caught:
         other_arrays.load_state_dict(state)
     assert caught.value.field == "strategy_fingerprint"
-    with pytest.raises(IncompatibleStateError, match=re.escape("state field 'strategy': saved 'even-first', expected 'uniform'")):
+    with pytest.raises(
+        IncompatibleStateError, match=re.escape("state field 'strategy': saved 'even-first', expected 'uniform'")
+    ):
         StatefulSampler(6, batch_size=2).load_state_dict(state)
 
 
@@ -85,10 +87,21 @@ def test_the_fingerprint_is_stable_and_covers_the_arrays() -> None:
     [
         ({"strategy": "uniform"}, TypeError, "strategy must be a Strategy such as Uniform() or Weighted(...), got str"),
         ({"strategy": EvenFirst([0] * 4)}, ValueError, "keep must have one entry per record: length 5, got 4"),
-        ({"strategy": EvenFirst([0] * 5), "shuffle": False}, ValueError, "shuffle=False applies to the Uniform strategy only"),
-        ({"strategy": EvenFirst([0] * 5), "order": "torch"}, ValueError, "order='torch' applies to the Uniform strategy only"),
-        ({"strategy": EvenFirst([0] * 5, vary=True), "tail": "carry", "batch_size": 2}, ValueError,
-         "tail='carry' needs passes of one length"),
+        (
+            {"strategy": EvenFirst([0] * 5), "shuffle": False},
+            ValueError,
+            "shuffle=False applies to the Uniform strategy only",
+        ),
+        (
+            {"strategy": EvenFirst([0] * 5), "order": "torch"},
+            ValueError,
+            "order='torch' applies to the Uniform strategy only",
+        ),
+        (
+            {"strategy": EvenFirst([0] * 5, vary=True), "tail": "carry", "batch_size": 2},
+            ValueError,
+            "tail='carry' needs passes of one length",
+        ),
     ],
 )
 def test_strategy_options_that_cannot_apply_are_refused(kwargs: dict, error: type, message: str) -> None:

@@ -17,7 +17,9 @@ from tests.test_stream_remote import write_parquet
 
 def shards(tmp_path: Path, count: int = 6, rows: int = 20) -> list[str]:
     (tmp_path / "src").mkdir(exist_ok=True)
-    return [write_parquet(tmp_path / "src" / f"{i}.parquet", list(range(i * rows, (i + 1) * rows))) for i in range(count)]
+    return [
+        write_parquet(tmp_path / "src" / f"{i}.parquet", list(range(i * rows, (i + 1) * rows))) for i in range(count)
+    ]
 
 
 def fetched(directory: Path) -> list[str]:

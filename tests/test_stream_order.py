@@ -88,8 +88,12 @@ def test_every_record_is_delivered_exactly_once_per_epoch_and_every_rank_takes_a
     consumed=st.integers(0, 40),
 )
 def test_a_resume_with_other_world_size_workers_and_batch_size_delivers_exactly_the_rest_of_the_epoch(
-    counts: list[int], window: int, world_sizes: tuple[int, int], workers: tuple[int, int],
-    batch_sizes: tuple[int, int], consumed: int,
+    counts: list[int],
+    window: int,
+    world_sizes: tuple[int, int],
+    workers: tuple[int, int],
+    batch_sizes: tuple[int, int],
+    consumed: int,
 ) -> None:
     (world, new_world), (batch, new_batch) = world_sizes, batch_sizes
 

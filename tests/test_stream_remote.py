@@ -179,7 +179,9 @@ def test_s3_object_rewritten_with_the_same_count_is_refused_on_resume(s3, tmp_pa
     state = ShardedStream(urls, reader, batch_size=4, window=1).state_dict(consumed_batches=1)
     fs.put(write_parquet(tmp_path / "new.parquet", list(range(50, 58))), "rewrite/1.parquet")
     with pytest.raises(IncompatibleStateError, match="1.parquet"):
-        ShardedStream(urls, ParquetReader(storage_options=s3.storage_options), batch_size=4, window=1).load_state_dict(state)
+        ShardedStream(urls, ParquetReader(storage_options=s3.storage_options), batch_size=4, window=1).load_state_dict(
+            state
+        )
     assert reader.read(urls[1], 0, 2) == [{"x": 50}, {"x": 51}]
 
 

@@ -69,7 +69,6 @@ class LoaderTwins(RuleBasedStateMachine):
     def reports(self, loader: Any) -> dict[str, Any]:
         raise NotImplementedError
 
-
     # -- the machine
 
     @initialize(data=st.data())
@@ -258,7 +257,6 @@ class StatefulDataLoaderTwins(LoaderTwins):
 
     def move_to(self, loader: Any, epoch: int) -> None:
         loader.sampler.set_epoch(epoch)
-
 
     def reports(self, loader: Any) -> dict[str, Any]:
         if self.fresh:  # torchdata applies the loaded state at the next iter() (see loads_at_once)

@@ -96,8 +96,11 @@ def sampler_configs(draw: Any, kind: str, max_size: int = 13, max_world: int = 4
         weights = draw(st.lists(st.integers(0, 3), min_size=len(sizes), max_size=len(sizes)).filter(any))
         kwargs["num_samples"] = draw(st.integers(1, 12))
         if draw(st.booleans()):
-            kwargs["schedule"] = {draw(st.integers(1, 3)): draw(
-                st.lists(st.integers(0, 3), min_size=len(sizes), max_size=len(sizes)).filter(any))}
+            kwargs["schedule"] = {
+                draw(st.integers(1, 3)): draw(
+                    st.lists(st.integers(0, 3), min_size=len(sizes), max_size=len(sizes)).filter(any)
+                )
+            }
         args = (sizes, weights)
     else:
         size = draw(st.integers(0 if kind == "uniform" else 1, max_size))

@@ -48,7 +48,10 @@ class DistributedLoaderState:
         for rank, position in enumerate(positions):
             if position != positions[0]:
                 raise IncompatibleStateError(
-                    "ranks", f"rank {rank}: {position}", positions[0], "the saving ranks were not in step (rank 0 differs)"
+                    "ranks",
+                    f"rank {rank}: {position}",
+                    positions[0],
+                    "the saving ranks were not in step (rank 0 differs)",
                 )
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         rank = dist.get_rank() if world > 1 else 0

@@ -138,4 +138,3 @@ class _TrainerLoader(ResumableLoader):
         records = len(self.sampler)
         batch = self.sampler.batch_size or 1
         return records // batch if self._drop_last else -(-records // batch)
-

@@ -307,7 +307,9 @@ class ResumableLoader:
         sampler = self.sampler
         if isinstance(sampler, DatasetOrder):  # a stream counts its pass in batches of its own size
             return sampler.state_dict(consumed_batches=current.consumed)
-        local = min(current.consumed * self._records_per_batch, sampler._current_pass().layout.local_length(sampler.rank))
+        local = min(
+            current.consumed * self._records_per_batch, sampler._current_pass().layout.local_length(sampler.rank)
+        )
         return sampler._saved_state(sampler._cursor_after_local(local))
 
     # -- state

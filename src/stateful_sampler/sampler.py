@@ -621,7 +621,9 @@ def _checked_strategy(strategy: Any, size: int, shuffle: bool, order: Order, tai
     if strategy is None:
         return Uniform(shuffle)
     if not isinstance(strategy, Strategy):
-        raise TypeError(f"strategy must be a Strategy such as Uniform() or Weighted(...), got {type(strategy).__name__}")
+        raise TypeError(
+            f"strategy must be a Strategy such as Uniform() or Weighted(...), got {type(strategy).__name__}"
+        )
     if isinstance(strategy, Uniform):
         return Uniform(shuffle)
     if not shuffle:

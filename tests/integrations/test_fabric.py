@@ -45,7 +45,6 @@ def test_a_sampler_built_for_another_world_size_is_refused_by_setup_dataloader()
         setup_dataloader(fabric, DataLoader(range(10), sampler=sampler, batch_size=2))
 
 
-
 def test_fabric_s_own_pass_count_does_not_rewind_a_restored_epoch() -> None:
     from lightning.fabric import Fabric
     from torch.utils.data import DataLoader

@@ -69,7 +69,14 @@ def test_another_train_sampling_strategy_is_refused_rather_than_silently_replace
         tiny_trainer(tmp_path, train_sampling_strategy="sequential")
 
 
-EPOCH_END_RUN = ["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "tests/integrations/hf_epoch_end_run.py"]
+EPOCH_END_RUN = [
+    "python",
+    "-m",
+    "torch.distributed.run",
+    "--nproc-per-node",
+    "2",
+    "tests/integrations/hf_epoch_end_run.py",
+]
 
 
 def _summaries(record: Path) -> list[dict[str, int]]:

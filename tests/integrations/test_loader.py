@@ -151,7 +151,6 @@ def test_a_state_of_another_dataset_is_refused_by_the_sampler_and_changes_nothin
     assert epoch_batches(loader) == before
 
 
-
 def test_the_loader_epoch_is_the_pass_s_epoch_until_the_loop_has_its_last_batch() -> None:
     loader = make_loader(12, 4, workers=2)
     loader.set_epoch(3)

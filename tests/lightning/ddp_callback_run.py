@@ -76,7 +76,9 @@ def main(out_dir: Path) -> None:
             "dropped": [sampler.dropped_indices(epoch) for epoch in range(setup.max_epochs)],
             "weights": weights(full),
         }
-        resumed = {name: fit(setup, [SeedPerRank()], ckpt_path=path, **DDP) for name, path in sorted(save.saved.items())}
+        resumed = {
+            name: fit(setup, [SeedPerRank()], ckpt_path=path, **DDP) for name, path in sorted(save.saved.items())
+        }
         report["resumed"] = {name: model.record for name, model in resumed.items()}
         report["resumed_weights"] = {name: weights(model) for name, model in resumed.items()}
         (out_dir / f"{tail}_rank{trainer.global_rank}.json").write_text(json.dumps(report))

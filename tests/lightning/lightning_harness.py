@@ -281,7 +281,10 @@ def resumed_record(setup: Setup, checkpoint: Path | str, **trainer_args: Any) ->
 # exists once the package is installed. Tests install it themselves, and take it away for controls
 # that show what Lightning does alone.
 _GUARD_FACTORY = {"lightning": "lightning_guard", "pytorch_lightning": "pytorch_lightning_guard"}[PACKAGE]
-_REGISTRY = {"lightning": "lightning.fabric.utilities.registry", "pytorch_lightning": "lightning_fabric.utilities.registry"}
+_REGISTRY = {
+    "lightning": "lightning.fabric.utilities.registry",
+    "pytorch_lightning": "lightning_fabric.utilities.registry",
+}
 
 
 def install_resume_guard(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:

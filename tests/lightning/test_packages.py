@@ -36,7 +36,9 @@ def test_each_packages_sampler_checkpoint_is_a_callback_of_that_package_only(
 
 def test_both_callbacks_share_one_implementation_and_one_checkpoint_key() -> None:
     assert for_classic.SamplerCheckpoint.__mro__[1] is for_lightning.SamplerCheckpoint.__mro__[1]
-    assert for_classic.SamplerCheckpoint().state_key == for_lightning.SamplerCheckpoint().state_key == "SamplerCheckpoint"
+    assert (
+        for_classic.SamplerCheckpoint().state_key == for_lightning.SamplerCheckpoint().state_key == "SamplerCheckpoint"
+    )
     assert for_classic.SamplerSetupError is for_lightning.SamplerSetupError
 
 

@@ -57,4 +57,3 @@ def test_a_fit_stopped_any_way_resumes_to_the_uninterrupted_batches_epochs_and_w
     mode: str, setup: Setup, uninterrupted: Callable[[Setup], RecordingModel], tmp_path: Path
 ) -> None:
     assert_resumed_like(STOP_MODES[mode](setup, tmp_path), uninterrupted(setup))
-

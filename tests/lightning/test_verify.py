@@ -44,7 +44,9 @@ def test_verify_shows_the_guard_s_refusal_of_a_run_without_sampler_checkpoint(
     # batch 20 (a replay). The guard that Lightning loads from our entry point refuses the resume instead,
     # and verify shows why. The runs are subprocesses: the entry point reaches them through PYTHONPATH.
     install_resume_guard(monkeypatch, tmp_path / "entry-points")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "entry-points"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(tmp_path / "entry-points"), os.environ.get("PYTHONPATH", "")])
+    )
     config = digits_config(tmp_path, sampler_checkpoint=False)
     arguments = ["--config", str(config), "--kill-at", str(KILL_AT), "--work-dir", str(tmp_path / "work")]
     assert main(arguments) == EXIT_RUN_FAILED

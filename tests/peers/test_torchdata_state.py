@@ -21,6 +21,7 @@ from stateful_sampler import StatefulSampler
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 
+
 def cases(batch_sizes):
     """upstream's parameterized.expand(itertools.product([100], [0, 2], batch_sizes, [False, True])); 2 workers: slow."""
     return [

@@ -7,9 +7,6 @@ from typing import Any
 
 import numpy as np
 
-from stateful_sampler.checks import check_int
-from stateful_sampler.row_sampler import RowSampler
-
 from stateful_sampler.audit.composition import FIRST_BATCHES, Labels, compose
 from stateful_sampler.audit.epochs import EpochRecords, count_epoch
 from stateful_sampler.audit.feed import epoch_feed
@@ -17,6 +14,7 @@ from stateful_sampler.audit.mates import FedBatches, count_mates, plan_sample, s
 from stateful_sampler.audit.report import AuditReport, AuditSettings, EpochComposition, EpochReport, RecordCounts
 from stateful_sampler.audit.setup import rank_samplers
 from stateful_sampler.checks import check_int
+from stateful_sampler.row_sampler import RowSampler
 
 
 def audit(

@@ -47,7 +47,9 @@ def count_epoch(feed: EpochFeed, size: int, batch_size: int) -> tuple[EpochRepor
         distinct=distinct,
         padding=int(np.count_nonzero(fed_padding)),
         duplicates=tuple(
-            Duplicate(record=int(record), occurrences=int(occurrences[record]), padding=int(padding_occurrences[record]))
+            Duplicate(
+                record=int(record), occurrences=int(occurrences[record]), padding=int(padding_occurrences[record])
+            )
             for record in repeated
         ),
         dropped_by_tail=feed.dropped_by_tail,

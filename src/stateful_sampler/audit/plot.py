@@ -73,10 +73,20 @@ def _occurrence_map(axes: Axes, report: AuditReport) -> None:
     colorbar = axes.figure.colorbar(image, ax=axes, pad=0.01, ticks=range(top + 1))
     colorbar.set_label("times fed" if group == 1 else "times fed (least fed record of the group)")
     epochs, columns = np.nonzero(padded)
-    axes.scatter(columns, epochs + first, marker="o", s=160, facecolors="none", edgecolors=_PADDED, linewidths=2,
-                 label="padding repeat (fed or cut)")
+    axes.scatter(
+        columns,
+        epochs + first,
+        marker="o",
+        s=160,
+        facecolors="none",
+        edgecolors=_PADDED,
+        linewidths=2,
+        label="padding repeat (fed or cut)",
+    )
     epochs, columns = np.nonzero(dropped)
-    axes.scatter(columns, epochs + first, marker="x", s=50, color=_DROPPED, linewidths=2, label="cut (tail or drop_last)")
+    axes.scatter(
+        columns, epochs + first, marker="x", s=50, color=_DROPPED, linewidths=2, label="cut (tail or drop_last)"
+    )
     unit = "record" if group == 1 else f"record group ({group} records each)"
     axes.set_xlabel(unit)
     axes.set_ylabel("epoch")
@@ -124,11 +134,19 @@ def _mates_histogram(axes: Axes, report: AuditReport) -> None:
         return
     lows = [bin.low for bin in mates.histogram]
     widths = [bin.high - bin.low + 1 for bin in mates.histogram]
-    axes.bar(lows, [bin.records for bin in mates.histogram], width=widths, align="edge", color=_blue(0.6),
-             edgecolor="white")
+    axes.bar(
+        lows, [bin.records for bin in mates.histogram], width=widths, align="edge", color=_blue(0.6), edgecolor="white"
+    )
     axes.axvline(mates.minimum, color=_DROPPED, linewidth=1.5)
-    axes.annotate(f"min {mates.minimum}", (mates.minimum, 0.9), xycoords=("data", "axes fraction"), color=_DROPPED,
-                  xytext=(-4, 0), textcoords="offset points", ha="right")
+    axes.annotate(
+        f"min {mates.minimum}",
+        (mates.minimum, 0.9),
+        xycoords=("data", "axes fraction"),
+        color=_DROPPED,
+        xytext=(-4, 0),
+        textcoords="offset points",
+        ha="right",
+    )
     scope = "all records" if mates.exact else f"sample of {mates.records_measured} records"
     right = mates.histogram[-1].high + 1
     if most < 2 * right:  # N-1 is near enough to show how far the records are from it

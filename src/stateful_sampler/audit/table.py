@@ -23,7 +23,18 @@ def render(report: AuditReport) -> str:
         ),
         "",
     ]
-    header = ("epoch", "fed", "distinct", "padding", "repeated", "cut:tail", "cut:batch", "unseen", "steps", "last batch")
+    header = (
+        "epoch",
+        "fed",
+        "distinct",
+        "padding",
+        "repeated",
+        "cut:tail",
+        "cut:batch",
+        "unseen",
+        "steps",
+        "last batch",
+    )
     rows = [header] + [_row(epoch) for epoch in report.epochs]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
@@ -37,7 +48,9 @@ def render(report: AuditReport) -> str:
     )
     last = report.cumulative_distinct[-1]
     percent = 100.0 * last / s.size if s.size else 100.0
-    lines.append(f"  cumulative distinct: {' -> '.join(map(str, report.cumulative_distinct))} of {s.size} ({percent:.1f}%)")
+    lines.append(
+        f"  cumulative distinct: {' -> '.join(map(str, report.cumulative_distinct))} of {s.size} ({percent:.1f}%)"
+    )
     lines.append(f"  never seen: {_listed(report.never_seen) if report.never_seen else 'none'}")
     histogram = ", ".join(f"{count}x: {records}" for count, records in report.occurrence_histogram.items())
     lines.append(
@@ -90,14 +103,14 @@ def _details(epoch: EpochReport) -> list[str]:
     at = f"  epoch {epoch.epoch}"
     lines = []
     if epoch.duplicates:
-        named = [f"{d.record} x{d.occurrences}" + (f" ({d.padding} padding)" if d.padding else "") for d in epoch.duplicates]
+        named = [
+            f"{d.record} x{d.occurrences}" + (f" ({d.padding} padding)" if d.padding else "") for d in epoch.duplicates
+        ]
         lines.append(f"{at}: repeated: {_listed(named)}")
     if epoch.dropped_by_tail:
         lines.append(f"{at}: cut by the tail policy (rank level): {_listed(epoch.dropped_by_tail)}")
     if epoch.dropped_by_batch:
-        named = [
-            f"rank {o.rank}: {o.record}" + (" (padding)" if o.is_padding else "") for o in epoch.dropped_by_batch
-        ]
+        named = [f"rank {o.rank}: {o.record}" + (" (padding)" if o.is_padding else "") for o in epoch.dropped_by_batch]
         lines.append(f"{at}: cut by drop_last (batch level): {_listed(named)}")
     if epoch.carried_in:
         lines.append(f"{at}: carried in from the previous pass: {_listed(epoch.carried_in)}")

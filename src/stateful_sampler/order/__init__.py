@@ -6,8 +6,8 @@ from stateful_sampler.order.layout import EpochLayout, carry_epoch_start
 from stateful_sampler.order.length_grouped import LengthGrouped
 from stateful_sampler.order.mixing import Domain, derive_seed
 from stateful_sampler.order.mixture import Mixture
-from stateful_sampler.order.permutation import FeistelPermutation
 from stateful_sampler.order.packing import pack_window
+from stateful_sampler.order.permutation import FeistelPermutation
 from stateful_sampler.order.policies import Order, Tail
 from stateful_sampler.order.rows import RowOrder
 from stateful_sampler.order.shards import ShardedShuffle

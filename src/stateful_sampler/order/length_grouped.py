@@ -21,13 +21,12 @@ once, as HF does by swapping the longest record to the front.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
-
-import copy
 
 from stateful_sampler.checks import check_bool, check_int, check_optional_int
 from stateful_sampler.order.mixing import Domain, derive_seed
@@ -70,7 +69,9 @@ class LengthGrouped(Strategy):
     def span(self) -> int:
         """Positions per megabatch."""
         if self.batch_size is None:
-            raise ValueError("LengthGrouped needs the global batch: give its sampler batch_size=B (or batch_size= here)")
+            raise ValueError(
+                "LengthGrouped needs the global batch: give its sampler batch_size=B (or batch_size= here)"
+            )
         return self.megabatch * self.batch_size
 
     def for_sampler(self, batch_size: int | None, world_size: int) -> LengthGrouped:

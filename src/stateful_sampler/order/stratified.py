@@ -196,7 +196,9 @@ def _reorder_stretches(slots: np.ndarray, sizes: np.ndarray, starts: np.ndarray,
     failed, offset = [], 0
     for begin, end in zip(begins.tolist(), ends.tolist()):
         runs: dict[int, list[int]] = {}  # class -> [first slot, count] in the stretch
-        for c, slot in zip(stretch_classes[offset : offset + end - begin], stretch_slots[offset : offset + end - begin]):
+        for c, slot in zip(
+            stretch_classes[offset : offset + end - begin], stretch_slots[offset : offset + end - begin]
+        ):
             run = runs.setdefault(c, [slot, 0])
             run[1] += 1
         offset += end - begin

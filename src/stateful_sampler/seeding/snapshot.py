@@ -132,11 +132,17 @@ def _numpy_state(value: Any) -> dict[str, Any]:
         key = _int_list("numpy.state.key", inner["key"], current["state"]["key"].size, 0, 2**32 - 1)
         state["key"] = np.asarray(key, dtype=np.uint32)
         if not isinstance(inner["pos"], int) or not 0 <= inner["pos"] <= current["state"]["key"].size:
-            raise IncompatibleStateError("numpy.state.pos", inner["pos"], f"an int in [0, {current['state']['key'].size}]")
+            raise IncompatibleStateError(
+                "numpy.state.pos", inner["pos"], f"an int in [0, {current['state']['key'].size}]"
+            )
     if value["has_gauss"] not in (0, 1) or not isinstance(value["gauss"], (int, float)):
         raise IncompatibleStateError("numpy.has_gauss", value["has_gauss"], "0 or 1, with a float gauss")
-    return {"bit_generator": value["bit_generator"], "state": state, "has_gauss": int(value["has_gauss"]),
-            "gauss": float(value["gauss"])}
+    return {
+        "bit_generator": value["bit_generator"],
+        "state": state,
+        "has_gauss": int(value["has_gauss"]),
+        "gauss": float(value["gauss"]),
+    }
 
 
 def _python_state(value: Any) -> tuple[Any, ...]:

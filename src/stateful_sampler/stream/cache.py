@@ -209,7 +209,9 @@ class ShardCache:
             identity = getattr(self.reader, "identity", None)
             meta = {
                 "count": self.reader.count(shard),
-                "identity": identity(shard) if identity is not None else remote.file_identity(shard, self.storage_options),
+                "identity": identity(shard)
+                if identity is not None
+                else remote.file_identity(shard, self.storage_options),
             }
             _write_atomic(path, json.dumps(meta))
             self._log(remote.transferred[0] - before, shard)

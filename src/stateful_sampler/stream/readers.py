@@ -154,7 +154,9 @@ class JsonlReader:
                     try:
                         records.append(json.loads(line))
                     except ValueError as error:
-                        raise ShardReadError(f"shard {shard!r} line {number} (row {row}) is not JSON: {error}") from error
+                        raise ShardReadError(
+                            f"shard {shard!r} line {number} (row {row}) is not JSON: {error}"
+                        ) from error
                     self.stats.bytes += len(line)
                 row += 1
         self.stats.rows += len(records)
@@ -212,7 +214,9 @@ def _row_group(group: Any) -> str:
     for c in range(group.num_columns):
         column = group.column(c)
         statistics = column.statistics
-        bounds = (statistics.min, statistics.max, statistics.null_count) if statistics and statistics.has_min_max else ()
+        bounds = (
+            (statistics.min, statistics.max, statistics.null_count) if statistics and statistics.has_min_max else ()
+        )
         chunks.append(f"{column.total_compressed_size}:{bounds}")
     return f"{group.num_rows}/{group.total_byte_size}[{' '.join(chunks)}]"
 
