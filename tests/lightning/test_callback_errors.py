@@ -50,12 +50,12 @@ def test_a_loader_batch_size_that_contradicts_the_sampler_is_refused() -> None:
     )
 
 
-def test_a_sampler_without_batch_size_is_refused() -> None:
+def test_a_sampler_without_batch_size_takes_the_loader_s() -> None:
     sampler = StatefulSampler(DATASET)
-    assert fit_fails(DataLoader(DATASET, sampler=sampler, batch_size=4)) == (
-        "train dataloader 0: StatefulSampler needs batch_size to count the batches training consumed: "
-        "StatefulSampler(..., batch_size=4)"
-    )
+    model = fit(Setup(), model_class=model_with(DataLoader(DATASET, sampler=sampler, batch_size=4)), max_epochs=1)
+    assert sampler.batch_size == 4  # the batch size is asked once: the DataLoader's
+    assert [len(batch) for batch in model.record] == [4, 4, 4, 4, 4, 2]
+    assert sorted(index for batch in model.record for index in batch) == list(range(22))
 
 
 def test_a_sampler_wrapped_by_lightning_is_refused() -> None:

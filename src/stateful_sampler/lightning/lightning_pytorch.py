@@ -1,6 +1,11 @@
 """``SamplerCheckpoint`` for ``lightning.pytorch``: the shared implementation under its ``Callback``."""
 
-from lightning.pytorch import Callback
+from stateful_sampler.extras import missing_extra
+
+try:
+    from lightning.pytorch import Callback
+except ModuleNotFoundError as error:
+    raise missing_extra(error, "lightning", "stateful_sampler.lightning") from error
 
 from stateful_sampler.lightning.callback import SamplerCheckpointHooks
 

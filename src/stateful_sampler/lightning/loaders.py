@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from stateful_sampler.checks import check_int
 from stateful_sampler.errors import SamplerSetupError
 from stateful_sampler.lightning.framework import framework_of
+from stateful_sampler.order.layout import MAX_BATCH
 from stateful_sampler.resumable import DatasetOrder
 from stateful_sampler.sampler import StatefulSampler
 
@@ -150,10 +152,13 @@ def _samplers_of(loader: Any) -> list[Any]:
 
 
 def _check_batch_size(index: int, loader: Any, sampler: StatefulSampler) -> None:
-    """The sampler counts consumed batches in its own batch size, so it must be the loader's."""
+    """The sampler counts consumed batches in its own batch size, so it must be the loader's: a sampler
+    without one takes the loader's (asked once), a contradiction is refused."""
     loader_batch = getattr(loader, "batch_size", None)
     if loader_batch is None:
         loader_batch = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    if sampler.batch_size is None and loader_batch is not None:
+        sampler.batch_size = check_int("the train DataLoader's batch_size", loader_batch, minimum=1, maximum=MAX_BATCH)
     if sampler.batch_size is None:
         hint = loader_batch if loader_batch is not None else "B"
         raise SamplerSetupError(

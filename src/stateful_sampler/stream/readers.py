@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from stateful_sampler.errors import ShardReadError
+from stateful_sampler.extras import missing_extra
 from stateful_sampler.stream.remote import file_identity, open_shard
 
 
@@ -189,8 +190,8 @@ def _identity(reader: Any, shard: str, stored: str, content: str) -> str:
 def _footer(shard: str, storage_options: Mapping[str, Any] | None) -> Any:
     """The parquet footer alone, in two exact reads (its length, then it), so counting a remote
     shard moves its footer's bytes and no more (pyarrow would read the last 64 KiB)."""
+    pq = _parquet_module()
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     with open_shard(shard, storage_options) as file:
         try:
@@ -221,12 +222,21 @@ def _row_group(group: Any) -> str:
     return f"{group.num_rows}/{group.total_byte_size}[{' '.join(chunks)}]"
 
 
+def _parquet_module() -> Any:
+    """``pyarrow.parquet``, imported at first use (importing the stream does not need it), or the
+    ``pip install`` of the ``stream`` extra that brings it."""
+    try:
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError as error:
+        raise missing_extra(error, "stream", "stateful_sampler.stream.ParquetReader") from error
+    return pq
+
+
 class _Parquet:
     """``pyarrow.parquet.ParquetFile`` over a path or URL, closed with its file."""
 
     def __init__(self, shard: str, storage_options: Mapping[str, Any] | None) -> None:
-        import pyarrow.parquet as pq  # the `stream` extra: importing the stream does not need it
-
+        pq = _parquet_module()
         self._file = open_shard(shard, storage_options)
         try:
             self.parquet = pq.ParquetFile(self._file)
