@@ -55,6 +55,7 @@ class LoaderTwins(RuleBasedStateMachine):
     loads_at_once = True  # load_state_dict takes effect at once (False: at the next iter())
     abandoning_is_defined = True  # a pass left before its end is one the live and the twin agree about
     state_reads_sampler = True  # state_dict() reads the sampler when called (False: a snapshot from before then)
+    dirty = False  # no save is compared until the next iter() (subclasses that build their own live objects inherit it)
 
     # -- what differs between ResumableLoader and StatefulDataLoader
 
