@@ -26,7 +26,7 @@ import itertools
 import json
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,7 +36,7 @@ from typing import Any, cast
 from stateful_sampler.checks import check_int
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.stream import remote
-from stateful_sampler.stream.readers import ShardReader
+from stateful_sampler.stream.readers import ShardReader, span_reader
 
 _CHUNK = 8 << 20
 _readers = itertools.count()
@@ -99,10 +99,17 @@ class ShardCache:
         return str(self._meta(shard)["identity"])
 
     def read(self, shard: str, start: int, stop: int) -> Sequence[Any]:
+        return self._read(self.reader.read, shard, start, stop)
+
+    def read_span(self, shard: str, start: int, stop: int) -> Sequence[Any]:
+        """The inner reader's ``read_span`` of the local copy (its ``read`` for a reader without one)."""
+        return self._read(span_reader(self.reader), shard, start, stop)
+
+    def _read(self, read: Callable[[str, int, int], Sequence[Any]], shard: str, start: int, stop: int) -> Sequence[Any]:
         try:
-            return self.reader.read(str(self.fetch(shard)), start, stop)
+            return read(str(self.fetch(shard)), start, stop)
         except FileNotFoundError:  # evicted between fetch and open by a reader that does not pin
-            return self.reader.read(str(self.fetch(shard)), start, stop)
+            return read(str(self.fetch(shard)), start, stop)
 
     def enter_window(self, shards: Sequence[str], next_shards: Sequence[str]) -> None:
         """Pin this window's and the next window's shards; fetch the next window in the background."""

@@ -16,6 +16,7 @@ sight, and each would deliver other records than the state says, with no error.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,7 +35,7 @@ from stateful_sampler.order.policies import Tail
 from stateful_sampler.order.shards import EpochWindows, ShardedShuffle
 from stateful_sampler.sampler import _pass_start_hooks  # add_pass_start_hook's hooks run for streams too
 from stateful_sampler.stream.layout import StreamLayout
-from stateful_sampler.stream.readers import ShardReader, ShardReadError
+from stateful_sampler.stream.readers import ShardReader, ShardReadError, span_reader
 from stateful_sampler.stream.state import STREAM_STATE_VERSION, Manifest, StreamState, shard_identities
 
 
@@ -53,6 +54,9 @@ class _Pass:
 
 
 _NOTHING = object()
+# The most records a worker builds at once: a window's first chunk is one batch (the first batch waits
+# for no more), each next one twice the last, up to this (fewer, larger conversions; bounded memory).
+_CHUNK_RECORDS = 1024
 # Where a wrapper keeps the DataLoader it iterates (Fabric, Accelerate, ResumableLoader).
 _WRAPPERS = ("_dataloader", "base_dataloader", "dataloader", "loader")
 
@@ -334,6 +338,11 @@ class ShardedStream(IterableDataset):
         return self._iter_pass(self._current(), worker, workers)
 
     def _iter_pass(self, start: _Cursor, worker: int, workers: int) -> Iterator[Any]:
+        # The records of each chunk in turn: chaining the chunks in C keeps Python frames off the path
+        # of each record.
+        return itertools.chain.from_iterable(self._pass_chunks(start, worker, workers))
+
+    def _pass_chunks(self, start: _Cursor, worker: int, workers: int) -> Iterator[Iterable[Any]]:
         layout = self._layout(start.position)
         rank = self.rank
         windows = self.order.epoch(start.epoch)
@@ -346,7 +355,7 @@ class ShardedStream(IterableDataset):
                 self._enter_window(windows, window)
             local = layout.worker_locals(worker, workers, self.batch_size, *layout.local_range(rank, begin, end))
             if local.size:
-                yield from self._deliver(windows, layout, rank, local)
+                yield from self._chunks_of_window(windows, layout, rank, local)
 
     def _enter_window(self, windows: EpochWindows, window: int) -> None:
         """Tell a reader that fetches ahead (``ShardCache``) this window's shards and the next one's."""
@@ -355,55 +364,91 @@ class ShardedStream(IterableDataset):
             names = [[self.shards[s] for s in windows.window_shards(w).tolist()] for w in (window, window + 1)]
             enter(names[0], names[1])
 
-    def _deliver(self, windows: EpochWindows, layout: StreamLayout, rank: int, local: np.ndarray) -> Iterator[Any]:
+    def _chunks_of_window(
+        self, windows: EpochWindows, layout: StreamLayout, rank: int, local: np.ndarray
+    ) -> Iterator[Iterable[Any]]:
+        """This worker's records of one window, in order, chunk after chunk. Each shard is read once for the window, then
+        records are built chunk by chunk (one batch, then doubling up to ``_CHUNK_RECORDS``): with a
+        reader whose spans convert lazily (``read_span``) the first batch waits for the window's reads
+        and one batch's conversion, not for the whole window's."""
         slots = layout.slots(rank, local)
         shards, rows = windows.locate(layout.positions(slots))
-        records = self._fetch(shards, rows)
+        spans = self._read_spans(shards, rows)
         transform = self.transform
-        keyed = self.yield_keys or getattr(transform, "takes_key", False)
-        if not keyed:
-            yield from records if transform is None else map(transform, records)
-            return
-        indices = (self.order.offsets[shards] + rows).tolist()
-        keys = [
-            SampleKey(index, self.seed, windows.epoch, slot, slot >= layout.size)
-            for index, slot in zip(indices, slots.tolist())
-        ]
-        if transform is not None:
-            if getattr(transform, "takes_key", False):
-                records = [transform(record, key) for record, key in zip(records, keys)]
-            else:
-                records = [transform(record) for record in records]
-        yield from zip(records, keys) if self.yield_keys else records
+        takes_key = getattr(transform, "takes_key", False)
+        keyed = self.yield_keys or takes_key
+        indices = self.order.offsets[shards] + rows if keyed else None
+        for begin, end in _chunks(len(local), self.batch_size):
+            records = self._gather(spans, shards[begin:end], rows[begin:end])
+            if not keyed:
+                yield records if transform is None else map(transform, records)
+                continue
+            keys = [
+                SampleKey(index, self.seed, windows.epoch, slot, slot >= layout.size)
+                for index, slot in zip(indices[begin:end].tolist(), slots[begin:end].tolist())  # type: ignore[index]
+            ]
+            if transform is not None:
+                if takes_key:
+                    records = [transform(record, key) for record, key in zip(records, keys)]
+                else:
+                    records = [transform(record) for record in records]
+            yield zip(records, keys) if self.yield_keys else records
 
-    def _fetch(self, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
-        """The records at (shard, row), reading each shard once for the span of rows needed."""
-        records: list[Any] = [None] * len(rows)
+    def _read_spans(self, shards: np.ndarray, rows: np.ndarray) -> dict[int, tuple[int, Sequence[Any]]]:
+        """Per shard of the window, (first row, the span of rows needed), each read once."""
+        read = span_reader(self.reader)
+        method = getattr(read, "__name__", "read")
+        spans: dict[int, tuple[int, Sequence[Any]]] = {}
         for shard in np.unique(shards).tolist():
-            where = np.flatnonzero(shards == shard)
-            needed = rows[where]
+            needed = rows[shards == shard]
             start, stop = int(needed.min()), int(needed.max()) + 1
             name = self.shards[shard]
             try:
-                span = self.reader.read(name, start, stop)
+                span = read(name, start, stop)
             except ShardReadError:
                 raise
             except Exception as error:
                 raise ShardReadError(f"could not read rows {start}..{stop - 1} of shard {name!r}: {error}") from error
             if not hasattr(span, "__len__") or not hasattr(span, "__getitem__"):
                 raise TypeError(
-                    f"{type(self.reader).__name__}.read({name!r}, {start}, {stop}) returned a "
-                    f"{type(span).__name__}, not a sequence: read must return the {stop - start} records of rows "
-                    f"{start}..{stop - 1} of shard {name!r} as a list (wrap a generator in list(...))"
+                    f"{type(self.reader).__name__}.{method}({name!r}, {start}, {stop}) returned a "
+                    f"{type(span).__name__}, not a sequence: {method} must return the {stop - start} records of "
+                    f"rows {start}..{stop - 1} of shard {name!r} as a list (wrap a generator in list(...))"
                 )
             if len(span) != stop - start:
                 raise ShardReadError(
                     f"shard {name!r} returned {len(span)} records for rows {start}..{stop - 1}, expected "
                     f"{stop - start}: it holds fewer than the {self.counts[shard]} records counted at start"
                 )
-            for slot, row in zip(where.tolist(), (needed - start).tolist()):
-                records[slot] = span[row]
+            spans[shard] = (start, span)
+        return spans
+
+    def _gather(self, spans: dict[int, tuple[int, Sequence[Any]]], shards: np.ndarray, rows: np.ndarray) -> list[Any]:
+        """The records at (shard, row) from the window's spans: one ``records_at(rows)`` call per shard for a
+        span that has it (``ParquetSpan``), else indexing."""
+        if len(spans) == 1:  # one shard (window 1, or the padding): no interleaving to undo
+            ((shard, (start, span)),) = spans.items()
+            return self._convert(shard, start, span, rows - start)
+        records: list[Any] = [None] * len(rows)
+        for shard in np.unique(shards).tolist():
+            where = np.flatnonzero(shards == shard)
+            start, span = spans[shard]
+            for slot, record in zip(where.tolist(), self._convert(shard, start, span, rows[where] - start)):
+                records[slot] = record
         return records
+
+    def _convert(self, shard: int, start: int, span: Sequence[Any], offsets: np.ndarray) -> list[Any]:
+        records_at = getattr(span, "records_at", None)
+        try:
+            return list(records_at(offsets)) if records_at is not None else [span[row] for row in offsets.tolist()]
+        except ShardReadError:
+            raise
+        except Exception as error:
+            rows = offsets + start
+            raise ShardReadError(
+                f"could not build the records of rows {int(rows.min())}..{int(rows.max())} of shard "
+                f"{self.shards[shard]!r}: {error}"
+            ) from error
 
     # -- state
 
@@ -521,6 +566,14 @@ def _dataloader_of(loader: Any, stream: ShardedStream) -> DataLoader | None:
             return obj
         pending += [getattr(obj, name, None) for name in _WRAPPERS]
     return None
+
+
+def _chunks(length: int, batch_size: int) -> Iterator[tuple[int, int]]:
+    """[begin, end) of each chunk of ``length`` records: one batch, then doubling up to ``_CHUNK_RECORDS``."""
+    begin, size = 0, batch_size
+    while begin < length:
+        yield begin, min(begin + size, length)
+        begin, size = begin + size, min(2 * size, max(batch_size, _CHUNK_RECORDS))
 
 
 def _called_by_a_fetcher() -> bool:

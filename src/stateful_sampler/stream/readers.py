@@ -2,7 +2,10 @@
 
 A reader answers two questions: how many records a shard holds (asked once per shard, when the
 stream is built) and which records lie in rows [start, stop) of a shard. The stream asks the
-second once per shard per window and reader, for the span of rows that reader needs there.
+second once per shard per window and reader, for the span of rows that reader needs there, and
+builds the window's records batch by batch: a span that converts records only when asked
+(``read_span``, ``ParquetSpan``) makes the first batch wait for one batch's conversion, not the
+window's.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ import gzip
 import hashlib
 import io
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.extras import missing_extra
@@ -38,15 +42,63 @@ class ShardReader(Protocol):
 #       a shard whose identity changed.
 #   enter_window(shards, next_shards): called before each window, so a reader can fetch ahead and
 #       release what is done (``ShardCache``).
+#   read_span(shard, start, stop) -> Sequence: the same records as ``read``, as a sequence that may
+#       build them only when indexed; with ``records_at(rows)`` it builds many in one call. The stream
+#       reads through it (see ``span_reader``), so a window is decoded once and converted batch by batch.
 
 
 @dataclass
 class ReadStats:
-    """What one reader process read: shards opened, rows and bytes (compressed, from metadata)."""
+    """What one reader process read: shards opened, rows decoded and bytes (compressed, from metadata),
+    and records converted to Python (``converted``: with ``read_span``, only the rows taken)."""
 
     opened: int = 0
     rows: int = 0
     bytes: int = 0
+    converted: int = 0
+
+
+def span_reader(reader: Any) -> Callable[[str, int, int], Sequence[Any]]:
+    """``reader.read_span`` when it has one, else ``reader.read``. A ``read`` overridden below the class
+    that defines ``read_span`` (a subclass of ``ParquetReader`` that filters or logs its records) is what
+    the records are, so it wins: the faster path never skips a user's own ``read``."""
+    span = getattr(reader, "read_span", None)
+    if span is None or "read" in getattr(reader, "__dict__", {}):
+        return cast(Callable[[str, int, int], Sequence[Any]], reader.read)
+    mro = type(reader).__mro__
+    span_owner = next(owner for owner in mro if "read_span" in vars(owner))
+    read_owner = next(owner for owner in mro if "read" in vars(owner))
+    return cast(Callable[[str, int, int], Sequence[Any]], span if issubclass(span_owner, read_owner) else reader.read)
+
+
+class ParquetSpan(Sequence[dict[str, Any]]):
+    """Rows of a parquet shard decoded to columns (a ``pyarrow.Table``); the records (dicts, as
+    ``to_pylist`` makes them) are built only for the rows asked. Columnar decoding is cheap, building
+    Python objects is not: the stream reads a window's spans at once and converts a batch at a time."""
+
+    def __init__(self, table: Any, stats: ReadStats) -> None:
+        self.table = table
+        self._stats = stats
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.records_at(list(range(len(self))[index]))
+        row = operator.index(index)
+        if not -len(self) <= row < len(self):
+            raise IndexError(f"row {row} is outside this span of {len(self)} rows")
+        return self.records_at([row % len(self)])[0]
+
+    def records_at(self, rows: Sequence[int]) -> list[dict[str, Any]]:
+        """The records at ``rows`` (a list or an integer array of offsets into the span), in that order,
+        in one conversion."""
+        if not len(rows):
+            return []
+        records = cast(list[dict[str, Any]], self.table.take(rows).to_pylist())
+        self._stats.converted += len(records)
+        return records
 
 
 @dataclass
@@ -97,6 +149,16 @@ class ParquetReader:
         return _identity(self, shard, stored, f"parquet={digest}")
 
     def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:
+        records = cast(list[dict[str, Any]], self._table(shard, start, stop).to_pylist())
+        self.stats.converted += len(records)
+        return records
+
+    def read_span(self, shard: str, start: int, stop: int) -> ParquetSpan:
+        """Rows ``start .. stop - 1`` decoded to columns; records are built as they are taken."""
+        return ParquetSpan(self._table(shard, start, stop), self.stats)
+
+    def _table(self, shard: str, start: int, stop: int) -> Any:
+        """Rows ``start .. stop - 1`` as a ``pyarrow.Table``, reading the whole row groups they lie in."""
         with _Parquet(shard, self.storage_options) as parquet:
             self.stats.opened += 1
             metadata = parquet.metadata
@@ -113,7 +175,7 @@ class ParquetReader:
                 table = parquet.read_row_groups(groups, columns=self.columns)
             except Exception as error:  # pyarrow raises OSError or ArrowInvalid for a corrupt file
                 raise ShardReadError(f"could not read rows {start}..{stop - 1} of shard {shard!r}: {error}") from error
-        return table.slice(start - (first_row or 0), stop - start).to_pylist()
+        return table.slice(start - (first_row or 0), stop - start)
 
 
 @dataclass
@@ -161,6 +223,7 @@ class JsonlReader:
                     self.stats.bytes += len(line)
                 row += 1
         self.stats.rows += len(records)
+        self.stats.converted += len(records)
         return records
 
     @contextmanager
@@ -224,8 +287,10 @@ def _row_group(group: Any) -> str:
 
 def _parquet_module() -> Any:
     """``pyarrow.parquet``, imported at first use (importing the stream does not need it), or the
-    ``pip install`` of the ``stream`` extra that brings it."""
+    ``pip install`` of the ``stream`` extra that brings it. ``pyarrow.compute`` comes with it: the
+    ``take`` of ``ParquetSpan.records_at`` needs it, and importing it at a first batch costs tens of ms."""
     try:
+        import pyarrow.compute  # noqa: F401
         import pyarrow.parquet as pq
     except ModuleNotFoundError as error:
         raise missing_extra(error, "stream", "stateful_sampler.stream.ParquetReader") from error
