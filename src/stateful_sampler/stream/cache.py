@@ -114,10 +114,12 @@ class ShardCache:
     def enter_window(self, shards: Sequence[str], next_shards: Sequence[str]) -> None:
         """Pin this window's and the next window's shards; fetch the next window in the background."""
         self._pin([self._key(shard)[0] for shard in (*shards, *next_shards)])
-        if self.prefetch and next_shards:
+        # Only shards not yet here: a warm cache wakes no thread to compete for the GIL with the training.
+        missing = [shard for shard in next_shards if not self._path(shard).exists()] if self.prefetch else []
+        if missing:
             pool = self._executor()
             self._pending = [future for future in self._pending if not future.done()]
-            self._pending += [pool.submit(self._fetch, shard, False) for shard in next_shards]
+            self._pending += [pool.submit(self._fetch, shard, False) for shard in missing]
 
     # -- the cache
 
@@ -139,9 +141,12 @@ class ShardCache:
             future.exception()
         self._pending = []
 
+    def _path(self, shard: str) -> Path:
+        return self.directory / f"{self._key(shard)[0]}.shard"
+
     def _fetch(self, shard: str, demand: bool) -> Path | None:
         key, size = self._key(shard)
-        path = self.directory / f"{key}.shard"
+        path = self._path(shard)
         if path.exists():
             _touch(path)
             return path

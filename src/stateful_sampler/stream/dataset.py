@@ -17,6 +17,7 @@ sight, and each would deliver other records than the state says, with no error.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -429,13 +430,16 @@ class ShardedStream(IterableDataset):
         if len(spans) == 1:  # one shard (window 1, or the padding): no interleaving to undo
             ((shard, (start, span)),) = spans.items()
             return self._convert(shard, start, span, rows - start)
-        records: list[Any] = [None] * len(rows)
+        taken: list[Any] = []  # each shard's records in turn, then put back in the chunk's order
+        slots = []
         for shard in np.unique(shards).tolist():
             where = np.flatnonzero(shards == shard)
             start, span = spans[shard]
-            for slot, record in zip(where.tolist(), self._convert(shard, start, span, rows[where] - start)):
-                records[slot] = record
-        return records
+            taken += self._convert(shard, start, span, rows[where] - start)
+            slots.append(where)
+        if len(taken) == 1:
+            return taken
+        return list(operator.itemgetter(*np.argsort(np.concatenate(slots)).tolist())(taken))
 
     def _convert(self, shard: int, start: int, span: Sequence[Any], offsets: np.ndarray) -> list[Any]:
         records_at = getattr(span, "records_at", None)
