@@ -3,11 +3,16 @@
 - bytes fetched from storage per byte of shard data, for the node, at 1, 8 and 32 readers (each
   reader its own process, as ranks x workers are, all reading one epoch at once through one cache
   directory); the same without the cache (every reader reads its spans from S3 itself);
-- decode work: rows decoded per record delivered (each reader decodes the row groups its
-  positions fall in, so this grows with the readers; the cache does not change it);
-- resume: ``load_state_dict`` and the first batch from a cold cache, against fetching one window;
-- steady state: records per second from a warm cache against reading the same shards from local
-  disk, sequentially, with the same reader.
+- decode work: rows decoded (columnar, whole row groups) per record delivered (each reader decodes
+  the row groups its positions fall in, so this grows with the readers; the cache does not change
+  it), and records converted to Python per record delivered (1: each once, a batch at a time);
+- resume: ``load_state_dict`` and the first batch from a cold cache (prefetch on, the default, and
+  off), against fetching the same window's shards into another cold cache (alternated, median of 3),
+  and what the first batch decoded and converted;
+- steady state: records per second of one epoch from a warm cache, against reading the same local
+  files in order with the same reader (``ParquetReader.read(path, 0, n)``: the same columns, the same
+  decode and the same conversion to dicts), both counted by the same loop over their records;
+  alternated, best of 5, in wall-clock and in CPU time (this process's threads, prefetch included).
 
     python -m benchmarks.cases_stream_remote            # about 2 minutes on 2 cores
     python -m benchmarks.cases_stream_remote --quick    # smaller shards (12 MiB in all)
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -59,8 +65,9 @@ def _reader(args: tuple[Any, ...]) -> Result:
     from stateful_sampler.stream import remote
 
     before = remote.transferred[0]
-    delivered = sum(1 for _ in stream.iter_worker(0, 1))
-    return {"delivered": delivered, "rows": inner.stats.rows, "remote": remote.transferred[0] - before}
+    delivered = _count(stream.iter_worker(0, 1))
+    return {"delivered": delivered, "rows": inner.stats.rows, "converted": inner.stats.converted,
+            "remote": remote.transferred[0] - before}  # fmt: skip
 
 
 def node_io(
@@ -93,54 +100,86 @@ def node_io(
         "cache_windows": windows,
         "bytes_per_byte": fetched / size,
         "rows_per_record": sum(result["rows"] for result in results) / delivered,
+        "converted_per_record": sum(result["converted"] for result in results) / delivered,
         "seconds": seconds,
     }
 
 
-def resume_cost(urls: list[str], options: dict[str, Any], counts: list[int]) -> Result:
-    """A resume mid-epoch on a cold cache: state load, then the first batch (one window's fetch)."""
-    with tempfile.TemporaryDirectory() as cache_dir:
-        live = ShardedStream(urls, ParquetReader(storage_options=options), batch_size=BATCH, window=WINDOW,
-                             seed=SEED, counts=counts)  # fmt: skip
-        state = live.state_dict(consumed_batches=len(live) // BATCH // 2)
-        cache = ShardCache(ParquetReader(storage_options=options), cache_dir, max_bytes=1 << 40, prefetch=False)
-        stream = ShardedStream(urls, cache, batch_size=BATCH, window=WINDOW, seed=SEED, counts=counts)
-        started = time.perf_counter()
-        stream.load_state_dict(state)
-        loaded = time.perf_counter()
-        iterator = iter(stream.loader(num_workers=0))
-        next(iterator)
-        first = time.perf_counter()
-        del iterator
-    with tempfile.TemporaryDirectory() as cache_dir:  # one window's fetch alone, for comparison
-        cache = ShardCache(ParquetReader(storage_options=options), cache_dir, max_bytes=1 << 40, prefetch=False)
-        for url in urls[:WINDOW]:
-            cache._key(url)
-        fetch_started = time.perf_counter()
-        for url in urls[:WINDOW]:
-            cache.fetch(url)
-        window_fetch = time.perf_counter() - fetch_started
-    return {"load_ms": (loaded - started) * 1e3, "first_batch_ms": (first - started) * 1e3,
-            "window_fetch_ms": window_fetch * 1e3}  # fmt: skip
+def resume_cost(urls: list[str], options: dict[str, Any], counts: list[int], repeats: int = 3) -> Result:
+    """A resume mid-epoch on a cold cache: state load, then the first batch (one window's fetch), with the
+    cache's default prefetch and without, against fetching that window's shards alone, one after another,
+    into another cold cache; alternated, medians of ``repeats``."""
+    live = ShardedStream(urls, ParquetReader(storage_options=options), batch_size=BATCH, window=WINDOW, seed=SEED,
+                         counts=counts)  # fmt: skip
+    state = live.state_dict(consumed_batches=len(live) // BATCH // 2)
+    windows = live.order.epoch(state["epoch"])
+    window = int(windows.window_of(np.array([state["position"]]))[0])
+    shards = [urls[s] for s in windows.window_shards(window).tolist()]
+    times: dict[str, list[float]] = {"load": [], "first": [], "first_no_prefetch": [], "fetch": [], "extra": []}
+    for _ in range(repeats):
+        for prefetch in (True, False):
+            with tempfile.TemporaryDirectory() as cache_dir:
+                inner = ParquetReader(storage_options=options)
+                cache = ShardCache(inner, cache_dir, max_bytes=1 << 40, prefetch=prefetch)
+                stream = ShardedStream(urls, cache, batch_size=BATCH, window=WINDOW, seed=SEED, counts=counts)
+                started = time.perf_counter()
+                stream.load_state_dict(state)
+                loaded = time.perf_counter()
+                iterator = iter(stream.loader(num_workers=0))
+                next(iterator)
+                first = time.perf_counter()
+                del iterator
+                decoded, converted = inner.stats.rows, inner.stats.converted
+                cache.wait()  # the next window's prefetch, before its directory goes
+            times["first" if prefetch else "first_no_prefetch"].append((first - started) * 1e3)
+            if prefetch:
+                times["load"].append((loaded - started) * 1e3)
+                first_prefetch = (decoded, converted)
+        with tempfile.TemporaryDirectory() as cache_dir:  # the same window's fetch alone, one shard after another
+            cache = ShardCache(ParquetReader(storage_options=options), cache_dir, max_bytes=1 << 40, prefetch=False)
+            for url in shards:
+                cache._key(url)  # known before the timer, as the stream's cache knows them from its identities
+            fetch_started = time.perf_counter()
+            for url in shards:
+                cache.fetch(url)
+            times["fetch"].append((time.perf_counter() - fetch_started) * 1e3)
+        times["extra"].append(times["first"][-1] - times["fetch"][-1])
+    median = {name: statistics.median(values) for name, values in times.items()}
+    return {"load_ms": median["load"], "first_batch_ms": median["first"],
+            "first_batch_no_prefetch_ms": median["first_no_prefetch"], "window_fetch_ms": median["fetch"],
+            "extra_ms": median["extra"], "rows_decoded": first_prefetch[0], "records_converted": first_prefetch[1],
+            "window_records": sum(counts[urls.index(url)] for url in shards)}  # fmt: skip
+
+
+def _count(records: Any) -> int:
+    """The consumer of both sides of the steady-state comparison: a loop over the records."""
+    return sum(1 for _ in records)
 
 
 def steady_state(urls: list[str], options: dict[str, Any], paths: list[str], counts: list[int]) -> Result:
     """Records per second: one epoch from a warm cache, against reading the local files in order."""
     reader = ParquetReader()
-    local_rate = cached_rate = 0.0
+    local: list[tuple[float, float]] = []
+    cached: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as cache_dir:
-        cache = ShardCache(ParquetReader(storage_options=options), cache_dir, max_bytes=1 << 40)
+        inner = ParquetReader(storage_options=options)
+        cache = ShardCache(inner, cache_dir, max_bytes=1 << 40)
         for url in urls:
             cache.fetch(url)  # warm
         stream = ShardedStream(urls, cache, batch_size=BATCH, window=WINDOW, seed=SEED, counts=counts)
-        for _ in range(3):  # alternated, best of 3: the machine is shared
-            started = time.perf_counter()
-            sequential = sum(len(reader.read(path, 0, count)) for path, count in zip(paths, counts))
-            local_rate = max(local_rate, sequential / (time.perf_counter() - started))
-            started = time.perf_counter()
-            delivered = sum(1 for _ in stream.iter_worker(0, 1))
-            cached_rate = max(cached_rate, delivered / (time.perf_counter() - started))
-    return {"local_sequential": local_rate, "warm_cache": cached_rate, "ratio": cached_rate / local_rate}
+        for _ in range(5):  # alternated, best of 5: the machine is shared
+            wall, cpu = time.perf_counter(), time.process_time()
+            sequential = _count(record for path, count in zip(paths, counts) for record in reader.read(path, 0, count))
+            local.append((sequential / (time.perf_counter() - wall), sequential / (time.process_time() - cpu)))
+            converted = inner.stats.converted
+            wall, cpu = time.perf_counter(), time.process_time()
+            delivered = _count(stream.iter_worker(0, 1))
+            cached.append((delivered / (time.perf_counter() - wall), delivered / (time.process_time() - cpu)))
+            converted = inner.stats.converted - converted
+    local_rate, cached_rate = max(rate for rate, _ in local), max(rate for rate, _ in cached)
+    local_cpu, cached_cpu = max(rate for _, rate in local), max(rate for _, rate in cached)
+    return {"local_sequential": local_rate, "warm_cache": cached_rate, "ratio": cached_rate / local_rate,
+            "cpu_ratio": cached_cpu / local_cpu, "converted_per_record": converted / delivered}  # fmt: skip
 
 
 def run(quick: bool, reader_counts: tuple[int, ...] = (1, 8, 32)) -> list[tuple[str, Any]]:
@@ -194,18 +233,22 @@ def figure(full: bool, run_case: Any, figures: Any) -> None:
             system = f"ours, ShardCache{bound}" if result["cached"] else "ours, no cache (each reader reads S3)"
             case = f"{result['readers']} readers"
             figures.rows.append(Row(name, case, system, result["bytes_per_byte"], "B fetched / B data",
-                                    note=f"{result['rows_per_record']:.2f} rows decoded per record"))  # fmt: skip
+                                    note=f"{result['rows_per_record']:.2f} rows decoded, "
+                                    f"{result['converted_per_record']:.2f} converted per record"))  # fmt: skip
             if result["cached"] and not result["cache_windows"]:
                 figures.checks.append(Check(f"bytes fetched per byte ≤ 1.05 per node, {case}",
                                             f"{result['bytes_per_byte']:.3f}", result["bytes_per_byte"] <= 1.05))  # fmt: skip
         elif kind == "resume":
             figures.rows.append(Row(name, "resume, cold cache", "ours, first batch", result["first_batch_ms"], "ms",
-                                    note=f"load_state_dict {result['load_ms']:.2f} ms; one window's fetch "
-                                    f"{result['window_fetch_ms']:.0f} ms"))  # fmt: skip
-            extra = result["first_batch_ms"] - result["window_fetch_ms"]
+                                    note=f"load_state_dict {result['load_ms']:.2f} ms; without prefetch "
+                                    f"{result['first_batch_no_prefetch_ms']:.0f} ms; that window's fetch "
+                                    f"{result['window_fetch_ms']:.0f} ms; {result['records_converted']} of its "
+                                    f"{result['window_records']} records converted"))  # fmt: skip
+            extra = result["extra_ms"]
             figures.checks.append(Check("resume ≤ 10 ms + one window's fetch", f"{extra:.1f} ms + fetch", extra <= 10))
         elif kind == "steady":
-            figures.rows.append(Row(name, "steady state, 1 reader", "ours, warm cache", result["warm_cache"], "rec/s"))
+            figures.rows.append(Row(name, "steady state, 1 reader", "ours, warm cache", result["warm_cache"], "rec/s",
+                                    note=f"CPU-time ratio {result['cpu_ratio']:.2f}"))  # fmt: skip
             figures.rows.append(Row(name, "steady state, 1 reader", "sequential local reads", result["local_sequential"],
                                     "rec/s"))  # fmt: skip
             figures.checks.append(Check("warm cache within 10% of sequential local reads",

@@ -4,6 +4,7 @@ The records, their order and their keys are those of a reader that builds every 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from itertools import islice
 from pathlib import Path
@@ -157,19 +158,31 @@ def test_a_subclass_that_overrides_read_is_read_through_its_read(shards: list[st
     assert sorted(record["x"] for record in parquet_stream(shards, through_cache)) == [2 * x for x in plain]
 
 
-def test_the_cache_reads_spans_through_the_inner_reader_and_a_warm_cache_starts_no_prefetch(
-    shards: list[str], tmp_path: Path
-) -> None:
+def test_the_cache_reads_spans_through_the_inner_reader(shards: list[str], tmp_path: Path) -> None:
     inner = ParquetReader()
     cache = ShardCache(inner, tmp_path / "cache", max_bytes=1 << 30)
     assert isinstance(cache.read_span(shards[0], 2, 6), ParquetSpan) and inner.stats.converted == 0
     assert cache.read_span(shards[0], 2, 6)[1] == {"x": 3}
-    for shard in shards:
-        cache.fetch(shard)
-    warm = ShardCache(inner, tmp_path / "cache", max_bytes=1 << 30)
-    assert list(parquet_stream(shards, warm)) == list(parquet_stream(shards, ParquetReader()))
-    assert warm._pool is None  # every next window was here already: no thread woken
-    assert ShardCache(MemoryReader([4]), tmp_path / "other", max_bytes=1 << 30).read_span  # a reader without one
+    eager = ShardCache(EagerParquet(), tmp_path / "cache", max_bytes=1 << 30)
+    assert eager.read_span(shards[0], 2, 6) == [{"x": x} for x in range(2, 6)]  # its own read, a list
+
+
+def test_a_window_is_pinned_before_its_reads_and_the_next_pin_is_written_behind_them(
+    shards: list[str], tmp_path: Path
+) -> None:
+    cache = ShardCache(ParquetReader(), tmp_path / "cache", max_bytes=1 << 30)
+    stream = parquet_stream(shards, cache, window=2)
+    windows = stream.order.epoch(0)
+    keys = [sorted(cache._key(shards[s])[0] for s in windows.window_shards(w).tolist()) for w in range(3)]
+    records = stream.iter_worker(0, 1)
+    next(records)  # in window 0: its pin was written before its first read
+    pins = list((tmp_path / "cache" / "pins").glob("*.json"))
+    assert len(pins) == 1 and sorted(json.loads(pins[0].read_text())) == sorted(keys[0] + keys[1])
+    list(islice(records, 2 * ROWS))  # into window 1, pinned by window 0's pin as its next window
+    cache.wait()
+    assert sorted(json.loads(pins[0].read_text())) == sorted(keys[1] + keys[2])
+    transfers = cache.stats().transfers
+    assert list(records) and cache.stats().transfers == transfers  # all here: nothing fetched again
 
 
 def test_a_span_indexes_like_the_list_read_returns(shards: list[str]) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -61,7 +62,8 @@ class ShardCache:
             the node must fit; when live readers pin more, a read still fetches (the size is
             passed) and a prefetch is skipped (the read fetches that shard when it needs it), so
             no reader blocks on another.
-        prefetch: fetch the next window in a background thread while the current one trains.
+        prefetch: fetch the next window in a background thread while the current one trains (and,
+            on a cold start, the rest of the current window while its first shard decodes).
 
     Example:
         >>> reader = ShardCache(ParquetReader(), "/local/cache", max_bytes=20 << 30)  # doctest: +SKIP
@@ -81,13 +83,14 @@ class ShardCache:
         (self.directory / "pins").mkdir(parents=True, exist_ok=True)
         self._keys: dict[str, tuple[str, int]] = {}  # shard -> (key, size): one stat per shard and process
         self._pin_name = ""
+        self._pinned_now: frozenset[str] = frozenset()  # the keys this reader's pin file holds
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
         self._pending: list[Future[Any]] = []
 
     def __getstate__(self) -> dict[str, Any]:
         """A DataLoader worker gets the keys already known, but its own pin and prefetch thread."""
         state = self.__dict__.copy()
-        state.update(_pin_name="", _pool=None, _pending=[])
+        state.update(_pin_name="", _pinned_now=frozenset(), _pool=None, _pending=[])
         return state
 
     # -- the reader protocol
@@ -112,14 +115,26 @@ class ShardCache:
             return read(str(self.fetch(shard)), start, stop)
 
     def enter_window(self, shards: Sequence[str], next_shards: Sequence[str]) -> None:
-        """Pin this window's and the next window's shards; fetch the next window in the background."""
-        self._pin([self._key(shard)[0] for shard in (*shards, *next_shards)])
-        # Only shards not yet here: a warm cache wakes no thread to compete for the GIL with the training.
-        missing = [shard for shard in next_shards if not self._path(shard).exists()] if self.prefetch else []
-        if missing:
+        """Pin this window's and the next window's shards; fetch in the background, in this order, this
+        window's missing shards after the first (the reader's first read fetches that one; each next one
+        then downloads while the last one decodes), then the next window's."""
+        keys = [self._key(shard)[0] for shard in (*shards, *next_shards)]
+        wanted = [*shards[1:], *next_shards] if self.prefetch else []
+        # Only shards not yet here: a warm cache fetches nothing in the background.
+        tasks: list[Callable[[], Any]] = [
+            partial(self._fetch, shard, False) for shard in wanted if not self._path(shard).exists()
+        ]
+        if self.prefetch and self._holds(keys[: len(shards)]):
+            # This window is pinned already (the last window's pin had it as the next one): the new pin
+            # (a file write, milliseconds on some disks) is written behind the reads, before the
+            # prefetch of the next window that it protects.
+            tasks.insert(0, partial(self._pin, keys))
+        else:
+            self._pin(keys)
+        if tasks:
             pool = self._executor()
             self._pending = [future for future in self._pending if not future.done()]
-            self._pending += [pool.submit(self._fetch, shard, False) for shard in missing]
+            self._pending += [pool.submit(task) for task in tasks]
 
     # -- the cache
 
@@ -234,9 +249,14 @@ class ShardCache:
             log.write(f"{size} {shard}\n")
 
     def _pin(self, keys: list[str]) -> None:
-        if not self._pin_name:
+        if not self._pin_name.startswith(f"{os.getpid()}-"):  # a forked worker pins under its own name
             self._pin_name = f"{os.getpid()}-{next(_readers)}.json"
         _write_atomic(self.directory / "pins" / self._pin_name, json.dumps(keys))
+        self._pinned_now = frozenset(keys)
+
+    def _holds(self, keys: Sequence[str]) -> bool:
+        """This process's pin file holds ``keys`` (a forked worker has no pin of its parent's)."""
+        return self._pin_name.startswith(f"{os.getpid()}-") and self._pinned_now.issuperset(keys)
 
     def _pinned(self) -> set[str]:
         """The shards pinned by live readers; the pins of dead processes are removed."""

@@ -355,18 +355,20 @@ class ShardedStream(IterableDataset):
             if window < windows.windows:
                 self._enter_window(windows, window)
             local = layout.worker_locals(worker, workers, self.batch_size, *layout.local_range(rank, begin, end))
-            if local.size:
-                yield from self._chunks_of_window(windows, layout, rank, local)
+            if local.size:  # the padding's records are the last window's
+                read_order = windows.window_shards(min(window, windows.windows - 1)).tolist()
+                yield from self._chunks_of_window(windows, layout, rank, local, read_order)
 
     def _enter_window(self, windows: EpochWindows, window: int) -> None:
-        """Tell a reader that fetches ahead (``ShardCache``) this window's shards and the next one's."""
+        """Tell a reader that fetches ahead (``ShardCache``) this window's shards, in the order ``_read_spans``
+        reads them, and the next one's."""
         enter = getattr(self.reader, "enter_window", None)
         if enter is not None:
             names = [[self.shards[s] for s in windows.window_shards(w).tolist()] for w in (window, window + 1)]
             enter(names[0], names[1])
 
     def _chunks_of_window(
-        self, windows: EpochWindows, layout: StreamLayout, rank: int, local: np.ndarray
+        self, windows: EpochWindows, layout: StreamLayout, rank: int, local: np.ndarray, read_order: list[int]
     ) -> Iterator[Iterable[Any]]:
         """This worker's records of one window, in order, chunk after chunk. Each shard is read once for the window, then
         records are built chunk by chunk (one batch, then doubling up to ``_CHUNK_RECORDS``): with a
@@ -374,7 +376,7 @@ class ShardedStream(IterableDataset):
         and one batch's conversion, not for the whole window's."""
         slots = layout.slots(rank, local)
         shards, rows = windows.locate(layout.positions(slots))
-        spans = self._read_spans(shards, rows)
+        spans = self._read_spans(shards, rows, read_order)
         transform = self.transform
         takes_key = getattr(transform, "takes_key", False)
         keyed = self.yield_keys or takes_key
@@ -395,12 +397,16 @@ class ShardedStream(IterableDataset):
                     records = [transform(record) for record in records]
             yield zip(records, keys) if self.yield_keys else records
 
-    def _read_spans(self, shards: np.ndarray, rows: np.ndarray) -> dict[int, tuple[int, Sequence[Any]]]:
-        """Per shard of the window, (first row, the span of rows needed), each read once."""
+    def _read_spans(
+        self, shards: np.ndarray, rows: np.ndarray, read_order: list[int]
+    ) -> dict[int, tuple[int, Sequence[Any]]]:
+        """Per shard of the window, (first row, the span of rows needed), each read once, in the window's
+        order (the order ``enter_window`` announced, in which ``ShardCache`` fetches ahead)."""
         read = span_reader(self.reader)
         method = getattr(read, "__name__", "read")
         spans: dict[int, tuple[int, Sequence[Any]]] = {}
-        for shard in np.unique(shards).tolist():
+        rank = {shard: i for i, shard in enumerate(read_order)}
+        for shard in sorted(np.unique(shards).tolist(), key=lambda shard: rank.get(shard, len(rank))):
             needed = rows[shards == shard]
             start, stop = int(needed.min()), int(needed.max()) + 1
             name = self.shards[shard]
