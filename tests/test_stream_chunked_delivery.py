@@ -152,6 +152,12 @@ def test_a_subclass_that_overrides_read_is_read_through_its_read(shards: list[st
     reader = Doubled()
     assert span_reader(reader) == reader.read
     assert span_reader(ParquetReader()).__name__ == "read_span"
+    patched = ParquetReader()
+    patched.read = lambda shard, start, stop: []  # type: ignore[method-assign]
+    assert span_reader(patched) is patched.read  # a read set on the instance wins too
+    memory = MemoryReader([3])
+    memory.read_span = memory.read  # type: ignore[attr-defined]
+    assert span_reader(memory) is memory.read_span  # type: ignore[attr-defined]
     through_cache = ShardCache(Doubled(), Path(shards[0]).parent / "cache", max_bytes=1 << 30)
     plain = sorted(record["x"] for record in parquet_stream(shards, ParquetReader()))
     assert sorted(record["x"] for record in parquet_stream(shards, reader)) == [2 * x for x in plain]

@@ -63,11 +63,14 @@ def span_reader(reader: Any) -> Callable[[str, int, int], Sequence[Any]]:
     that defines ``read_span`` (a subclass of ``ParquetReader`` that filters or logs its records) is what
     the records are, so it wins: the faster path never skips a user's own ``read``."""
     span = getattr(reader, "read_span", None)
-    if span is None or "read" in getattr(reader, "__dict__", {}):
+    own = getattr(reader, "__dict__", {})
+    if span is None or ("read" in own and "read_span" not in own):
         return cast(Callable[[str, int, int], Sequence[Any]], reader.read)
     mro = type(reader).__mro__
-    span_owner = next(owner for owner in mro if "read_span" in vars(owner))
-    read_owner = next(owner for owner in mro if "read" in vars(owner))
+    span_owner = next((owner for owner in mro if "read_span" in vars(owner)), None)
+    read_owner = next((owner for owner in mro if "read" in vars(owner)), None)
+    if span_owner is None or read_owner is None:  # set on the instance, or provided by __getattr__
+        return cast(Callable[[str, int, int], Sequence[Any]], span)
     return cast(Callable[[str, int, int], Sequence[Any]], span if issubclass(span_owner, read_owner) else reader.read)
 
 
