@@ -215,6 +215,22 @@ def test_a_span_that_fails_to_build_its_records_names_the_shard_and_rows() -> No
         list(ShardedStream(reader.names, reader, batch_size=2, window=1))
 
 
+def test_a_span_that_builds_too_few_records_is_refused_naming_the_shard() -> None:
+    class Short(BulkRows):
+        def records_at(self, rows: Sequence[int]) -> list[Any]:
+            return super().records_at(rows)[:-1]
+
+    class Reader(LazyMemoryReader):
+        def read_span(self, shard: str, start: int, stop: int) -> LazyRows:
+            return Short(shard, start, stop, self.built)
+
+    for counts in ([4], [4, 4]):  # one shard in the window, and two
+        reader = Reader(counts)
+        with pytest.raises(ShardReadError, match=r"Short.records_at returned \d records for \d of rows \d\.\.\d of "
+                                                 r"shard 'shard-00\d'"):  # fmt: skip
+            list(ShardedStream(reader.names, reader, batch_size=2, window=len(counts)))
+
+
 def test_a_read_span_returning_a_generator_is_refused_naming_the_method_shard_and_rows() -> None:
     class Generating(MemoryReader):
         def read_span(self, shard: str, start: int, stop: int):  # type: ignore[no-untyped-def]

@@ -370,10 +370,10 @@ class ShardedStream(IterableDataset):
     def _chunks_of_window(
         self, windows: EpochWindows, layout: StreamLayout, rank: int, local: np.ndarray, read_order: list[int]
     ) -> Iterator[Iterable[Any]]:
-        """This worker's records of one window, in order, chunk after chunk. Each shard is read once for the window, then
-        records are built chunk by chunk (one batch, then doubling up to ``_CHUNK_RECORDS``): with a
-        reader whose spans convert lazily (``read_span``) the first batch waits for the window's reads
-        and one batch's conversion, not for the whole window's."""
+        """This worker's records of one window, in order, a chunk at a time. Each shard is read once for
+        the window, then records are built chunk by chunk (one batch, then doubling up to
+        ``_CHUNK_RECORDS``): with a reader whose spans convert lazily (``read_span``) the first batch
+        waits for the window's reads and one batch's conversion, not for the whole window's."""
         slots = layout.slots(rank, local)
         shards, rows = windows.locate(layout.positions(slots))
         spans = self._read_spans(shards, rows, read_order)
@@ -449,16 +449,19 @@ class ShardedStream(IterableDataset):
 
     def _convert(self, shard: int, start: int, span: Sequence[Any], offsets: np.ndarray) -> list[Any]:
         records_at = getattr(span, "records_at", None)
+        rows = offsets + start
+        where = f"rows {int(rows.min())}..{int(rows.max())} of shard {self.shards[shard]!r}"
         try:
-            return list(records_at(offsets)) if records_at is not None else [span[row] for row in offsets.tolist()]
+            records = list(records_at(offsets)) if records_at is not None else [span[row] for row in offsets.tolist()]
         except ShardReadError:
             raise
         except Exception as error:
-            rows = offsets + start
+            raise ShardReadError(f"could not build the records of {where}: {error}") from error
+        if len(records) != len(offsets):
             raise ShardReadError(
-                f"could not build the records of rows {int(rows.min())}..{int(rows.max())} of shard "
-                f"{self.shards[shard]!r}: {error}"
-            ) from error
+                f"{type(span).__name__}.records_at returned {len(records)} records for {len(offsets)} of {where}"
+            )
+        return records
 
     # -- state
 
