@@ -115,9 +115,9 @@ class ShardCache:
             return read(str(self.fetch(shard)), start, stop)
 
     def enter_window(self, shards: Sequence[str], next_shards: Sequence[str]) -> None:
-        """Pin this window's and the next window's shards; fetch in the background, in this order, this
-        window's missing shards after the first (the reader's first read fetches that one; each next one
-        then downloads while the last one decodes), then the next window's."""
+        """Pin this window's and the next window's shards; fetch in the background, one at a time and in
+        this order, this window's missing shards after the first (the reader's first read fetches that
+        one meanwhile, then decodes each shard as it arrives), then the next window's."""
         keys = [self._key(shard)[0] for shard in (*shards, *next_shards)]
         wanted = [*shards[1:], *next_shards] if self.prefetch else []
         # Only shards not yet here: a warm cache fetches nothing in the background.
