@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -41,7 +42,9 @@ def _command(system: str, root: Path, records: int, name: str) -> tuple[list[str
 
 def task(system: str, root: Path, records: int, name: str) -> dict[str, Any]:
     command, environment = _command(system, root, records, name)
+    started = time.perf_counter()
     done = subprocess.run(command, check=False, capture_output=True, text=True, env=environment, timeout=3000)
+    print(f"    {name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:200]}
     return json.loads(done.stdout.strip().splitlines()[-1])
