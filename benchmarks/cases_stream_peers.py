@@ -169,13 +169,15 @@ def figure(full: bool, run_case: Any, figures: Any) -> None:
     results = run(records, systems, resume_only=full)
     for system in SYSTEMS if full else SYSTEMS[:3] + SYSTEMS[4:]:
         if system not in results:
-            figures.rows.append(Row(name, "all", system, None, "", note=f"skipped: {BENCH_PYTHON} is absent"))
+            figures.rows.append(Row(name, "resume: fresh process to the first batch", system, None, "s",
+                                    note=f"skipped: {BENCH_PYTHON} is absent (make bench-venv)"))  # fmt: skip
             continue
         result = results[system]
         for killed, resumed in () if full else KILLS:
             for workers in resumed:
                 value, note = _outcome(result, f"kill{killed}_to{workers}")
-                note = f"killed at batch {result.get(f'kill{killed}_batch', '?')}: {note}"
+                checkpoint = result.get(f"kill{killed}_to{workers}_checkpoint_batch", "?")
+                note = f"killed at batch {result.get(f'kill{killed}_batch', '?')}, resumed from {checkpoint}: {note}"
                 figures.rows.append(Row(name, f"SIGKILL at {killed} workers, resumed at {workers}: records "
                                         "repeated + lost", system, value, "", note=note))  # fmt: skip
         prefix = "resume" if full else "kill0_to0"
