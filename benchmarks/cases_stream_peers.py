@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH_PYTHON = ROOT / ".bench-venv" / "bin" / "python"
 SYSTEMS = ("ours", "litdata", "mosaic", "mosaic-py1br", "hf")
 BATCH, CLASSES, SHARDS = 256, 10, 64
-KILLS = ((0, (0, 2)), (2, (2, 0)))  # workers of the killed run, workers of each resume from its checkpoint
+KILLS = ((0, (0, 2)), (2, (2, 0, 4)))  # workers of the killed run, workers of each resume from its checkpoint
 
 
 def _command(system: str, root: Path, records: int, name: str) -> tuple[list[str], dict[str, str]]:

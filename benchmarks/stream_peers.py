@@ -208,7 +208,8 @@ def resume(system: str, root: Path, records: int, checkpoint: str, workers: int)
         batches = id_batches(loader)
         rest = [next(batches)]
     except Exception as error:  # noqa: BLE001 (whatever a peer raises to refuse a resume is a result)
-        return {"refused": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"}
+        message = (str(error).splitlines() or ["(no message)"])[0][:160]
+        return {"refused": f"{type(error).__name__}: {message}"}
     result: dict[str, Any] = {"first_batch_s": time.perf_counter() - started, "rss_mib": rss_mib(),
                               "state_bytes": len(pickle.dumps(saved["state"])), "checkpoint_batch": saved["batches"]}  # fmt: skip
     if saved["delivered"] is None:
