@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any, cast
@@ -60,6 +61,8 @@ def kill_mid_epoch(system: str, root: Path, records: int, workers: int) -> dict[
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=environment,
                                  start_new_session=True)  # fmt: skip
         stdout = cast(IO[str], child.stdout)
+        watchdog = threading.Timer(3000, os.killpg, (child.pid, signal.SIGKILL))  # a hung run does not hang the bench
+        watchdog.start()
         reported = 0
         for line in stdout:
             if not line.strip().isdigit():
@@ -70,7 +73,8 @@ def kill_mid_epoch(system: str, root: Path, records: int, workers: int) -> dict[
                 break
         reported = max([reported, *(int(v) for v in stdout.read().split() if v.isdigit())])
         child.wait()
-    if child.returncode != -signal.SIGKILL:
+        watchdog.cancel()
+    if child.returncode != -signal.SIGKILL or reported < half:
         return {"error": f"not killed mid-epoch (exit status {child.returncode}, {reported} batches reported)"}
     return {"batch": reported}
 
