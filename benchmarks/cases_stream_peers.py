@@ -1,13 +1,14 @@
-"""``ShardedStream`` against litdata, mosaicml-streaming (py1e) and HF ``datasets`` (buffer shuffle),
-in one run on the same records (64 shards sorted by class, window / block / buffer of 8 shards'
-records for every system): resume cost and records repeated or lost after a stop and resume
-mid-epoch (same and other worker count), shuffle quality, throughput at 0 and 4 workers.
+"""``ShardedStream`` against litdata, mosaicml-streaming (py1e, and py1br for shuffle quality) and
+HF ``datasets`` (buffer shuffle, through torchdata's ``StatefulDataLoader``), in one run on the same
+records (64 shards sorted by class, window / block / buffer of 8 shards' records for every system):
+records repeated or lost after a real SIGKILL mid-epoch resumed with the same and another worker
+count, resume cost, shuffle quality, throughput at 0 and 4 workers.
 
 Ours runs in this venv; the peers in ``.bench-venv`` (litdata and mosaicml-streaming would replace
 this project's torch): ``benchmarks/stream_peers.py`` is run there once per system and task.
 
     python -m benchmarks.cases_stream_peers --records 100000
-    python -m benchmarks.cases_stream_peers --records 1000000 --resume-only
+    python -m benchmarks.cases_stream_peers --records 1000000 --resume-only --systems ours litdata mosaic
 """
 
 from __future__ import annotations
@@ -15,29 +16,67 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_PYTHON = ROOT / ".bench-venv" / "bin" / "python"
-SYSTEMS = ("ours", "litdata", "mosaic", "hf")
+SYSTEMS = ("ours", "litdata", "mosaic", "mosaic-py1br", "hf")
 BATCH, CLASSES, SHARDS = 256, 10, 64
+KILLS = ((0, (0, 2)), (2, (2, 0, 4)))  # workers of the killed run, workers of each resume from its checkpoint
 
 
-def task(system: str, root: Path, records: int, name: str) -> dict[str, Any]:
+def _command(system: str, root: Path, records: int, name: str) -> tuple[list[str], dict[str, str]]:
     python = sys.executable if system == "ours" else str(BENCH_PYTHON)
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")} if system == "ours" else {
         key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # fmt: skip
-    done = subprocess.run([python, str(ROOT / "benchmarks" / "stream_peers.py"), system, str(root), str(records), name],
-                          check=False, capture_output=True, text=True, env=environment, timeout=3000)  # fmt: skip
+    return [python, str(ROOT / "benchmarks" / "stream_peers.py"), system, str(root), str(records), name], environment
+
+
+def task(system: str, root: Path, records: int, name: str) -> dict[str, Any]:
+    command, environment = _command(system, root, records, name)
+    started = time.perf_counter()
+    done = subprocess.run(command, check=False, capture_output=True, text=True, env=environment, timeout=3000)
+    print(f"    {name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1][:200]}
+        return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:200]}
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def kill_mid_epoch(system: str, root: Path, records: int, workers: int) -> dict[str, Any]:
+    """Start a training process with ``workers`` workers and SIGKILL its process group (workers
+    included) as soon as it reports half an epoch of batches: the kill lands wherever the process
+    is, between two of its checkpoints or inside one."""
+    command, environment = _command(system, root, records, f"train-{workers}")
+    half = records // BATCH // 2
+    with open(root / f"{system}.train{workers}.log", "w") as log:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=environment,
+                                 start_new_session=True)  # fmt: skip
+        stdout = cast(IO[str], child.stdout)
+        watchdog = threading.Timer(3000, os.killpg, (child.pid, signal.SIGKILL))  # a hung run does not hang the bench
+        watchdog.start()
+        reported = 0
+        for line in stdout:
+            if not line.strip().isdigit():
+                break  # "epoch-end": the epoch finished before the kill
+            reported = int(line)
+            if reported >= half:
+                os.killpg(child.pid, signal.SIGKILL)
+                break
+        reported = max([reported, *(int(v) for v in stdout.read().split() if v.isdigit())])
+        child.wait()
+        watchdog.cancel()
+    if child.returncode != -signal.SIGKILL or reported < half:
+        return {"error": f"not killed mid-epoch (exit status {child.returncode}, {reported} batches reported)"}
+    return {"batch": reported}
 
 
 def quality(order: list[int], records: int) -> dict[str, float]:
@@ -61,26 +100,39 @@ def _entropy(ordering: np.ndarray) -> float:
 
 
 def run(records: int, systems: tuple[str, ...], resume_only: bool = False) -> dict[str, dict[str, Any]]:
+    """Every system on the same records; ``resume_only``: only the resume cost, from a checkpoint at
+    half an epoch (``stream_peers.half_state``), at 0 workers."""
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         task("ours", root, records, "write")  # the parquet shards, which HF reads too
         for system in systems:
+            if resume_only and system == "mosaic-py1br":
+                continue  # shuffle quality only: its resume is Mosaic's
             print(f"  {system} ...", file=sys.stderr, flush=True)
             result: dict[str, Any] = {}
-            if system in ("litdata", "mosaic"):
-                result.update(task(system, root, records, "write"))
-            epoch = {} if resume_only else task(system, root, records, "epoch")
-            order = epoch.pop("order", None)
-            result.update(epoch)
-            if order is not None:
-                result.update(quality(order, records))
-                result["epoch_records"] = len(order)
-            result.update({f"stop_{k}": v for k, v in task(system, root, records, "stop").items()})
-            for workers in (0,) if resume_only else (0, 2):
+            if system in ("litdata", "mosaic") or (system == "mosaic-py1br" and not (root / "mosaic").exists()):
+                result.update(task(system.split("-")[0], root, records, "write"))
+            if not resume_only:
+                epoch = task(system, root, records, "epoch")
+                order = epoch.pop("order", None)
+                result.update(epoch)
+                if order is not None:
+                    result.update(quality(order, records))
+                    result["epoch_records"] = len(order)
+            if system == "mosaic-py1br":
+                results[system] = result  # shuffle quality only: its resume is Mosaic's
+                continue
+            if resume_only:
+                result.update({f"half_{k}": v for k, v in task(system, root, records, "half").items()})
+                result.update({f"resume_{k}": v for k, v in task(system, root, records, "resume-half-0").items()})
+            for killed, resumed in () if resume_only else KILLS:
                 result.update(
-                    {f"resume{workers}_{k}": v for k, v in task(system, root, records, f"resume-{workers}").items()}
+                    {f"kill{killed}_{k}": v for k, v in kill_mid_epoch(system, root, records, killed).items()}
                 )
+                for workers in resumed:
+                    resume = task(system, root, records, f"resume-w{killed}-{workers}")
+                    result.update({f"kill{killed}_to{workers}_{k}": v for k, v in resume.items()})
             results[system] = result
     return results
 
@@ -89,29 +141,60 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cases_stream_peers", description=__doc__)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
-    parser.add_argument("--resume-only", action="store_true", help="only stop and resume at 0 workers (for 10^6+)")
+    parser.add_argument("--resume-only", action="store_true", help="only the resume cost at 0 workers (for 10^6+)")
     args = parser.parse_args(argv)
     for system, result in run(args.records, tuple(args.systems), args.resume_only).items():
         print(system, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _outcome(result: dict[str, Any], prefix: str) -> tuple[float | None, str]:
+    """(records repeated + lost, what happened) of one resume after a kill."""
+    if f"{prefix}_refused" in result or f"{prefix}_error" in result:
+        return None, result.get(f"{prefix}_refused") or result[f"{prefix}_error"]
+    if f"{prefix}_lost" not in result:
+        return None, "not run"
+    return result[f"{prefix}_repeated"] + result[f"{prefix}_lost"], (
+        f"{result[f'{prefix}_repeated']} repeated, {result[f'{prefix}_lost']} lost"
+    )
 
 
 def figure(full: bool, run_case: Any, figures: Any) -> None:
-    """``python -m benchmarks --only stream-peers`` (the peers need ``.bench-venv``; 2*10^4 records, or
-    10^6 resume-only with --full). The published table is ``python -m benchmarks.cases_stream_peers``."""
+    """``python -m benchmarks --only stream-peers`` (the peers need ``.bench-venv``, ``make bench-venv``):
+    2*10^4 records, the kills and resumes, quality and throughput; with --full the resume cost at 10^6.
+    The published tables are ``python -m benchmarks.cases_stream_peers`` (docs/streaming.md)."""
     from benchmarks.figures import Row
 
-    records = 1_000_000 if full else 20_000  # quick: about 2 minutes (HF reads about 1,300 records/s here)
+    systems = SYSTEMS
+    if not BENCH_PYTHON.exists():
+        print(f"  stream-peers: {BENCH_PYTHON} is absent (make bench-venv): litdata, Mosaic and HF skipped",
+              file=sys.stderr, flush=True)  # fmt: skip
+        systems = ("ours",)
+    records = 1_000_000 if full else 20_000  # quick: a few minutes (HF reads about 2,000 records/s here)
     name = f"streams side by side, {records:,} class-sorted records"
-    for system, result in run(records, SYSTEMS if BENCH_PYTHON.exists() else ("ours",), resume_only=full).items():
-        lost = f"{result.get('resume0_lost', '?')} lost, {result.get('resume0_repeated', '?')} repeated"
-        figures.rows.append(Row(name, "resume to the first batch", system, result.get("resume0_first_batch_s"), "s",
-                                result.get("resume0_rss_mib"), note=lost))  # fmt: skip
+    results = run(records, systems, resume_only=full)
+    for system in (s for s in SYSTEMS if s != "mosaic-py1br"):
+        if system not in results:
+            figures.rows.append(Row(name, "resume: fresh process to the first batch", system, None, "s",
+                                    note=f"skipped: {BENCH_PYTHON} is absent (make bench-venv)"))  # fmt: skip
+            continue
+        result = results[system]
+        for killed, resumed in () if full else KILLS:
+            for workers in resumed:
+                value, note = _outcome(result, f"kill{killed}_to{workers}")
+                checkpoint = result.get(f"kill{killed}_to{workers}_checkpoint_batch", "?")
+                note = f"killed at batch {result.get(f'kill{killed}_batch', '?')}, resumed from {checkpoint}: {note}"
+                figures.rows.append(Row(name, f"SIGKILL at {killed} workers, resumed at {workers}: records "
+                                        "repeated + lost", system, value, "", note=note))  # fmt: skip
+        prefix = "resume" if full else "kill0_to0"
+        figures.rows.append(Row(name, "resume: fresh process to the first batch", system,
+                                result.get(f"{prefix}_first_batch_s"), "s", result.get(f"{prefix}_rss_mib")))  # fmt: skip
+    for system, result in results.items():
         if "same_class_mates" in result:
             figures.rows.append(Row(name, "P(batch-mates share a class)", system, result["same_class_mates"], "",
                                     note=f"Mosaic entropy {result.get('mosaic_entropy', 0):.2f}"))  # fmt: skip
             figures.rows.append(Row(name, "records/s, 0 workers", system, result.get("rate_0"), "rec/s"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

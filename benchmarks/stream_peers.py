@@ -1,16 +1,18 @@
 """The streams users pick, side by side with ``ShardedStream`` on the same records: resume cost,
-records repeated or lost by a stop and resume mid-epoch, shuffle quality, throughput.
+records repeated or lost after a SIGKILL mid-epoch, shuffle quality, throughput.
 
 litdata and mosaicml-streaming would replace this project's torch, so they live in their own
 venv (``.bench-venv``, see docs/streaming.md); ``benchmarks.cases_stream_peers`` runs this file
-there, once per system, as a subprocess:
+there, once per system and task, as a subprocess:
 
-    .bench-venv/bin/python benchmarks/stream_peers.py SYSTEM ROOT RECORDS
+    .bench-venv/bin/python benchmarks/stream_peers.py SYSTEM ROOT RECORDS TASK
 
 Records are ``{"id": i, "label": i * 10 // N}``: sorted by class, the worst case for a stream.
-A stop is a process that reads half an epoch, saves the loader's state and exits; the resume is a
-fresh process that only has that state, as after a SIGKILL (the kill itself is not repeated here:
-tests/test_stream_loader.py and examples/parquet_stream.py kill -9 ours).
+``train-W`` is a training process with W workers that saves its loader's state every
+``CHECKPOINT_EVERY`` batches, atomically, as a user's checkpoint would; the driver ``kill -9``s it
+(its whole process group, workers included) once it has reported half an epoch. ``resume-W`` is a
+fresh process that only has the last checkpoint, finishes the epoch with W workers and counts the
+records repeated or lost against those delivered before the checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from typing import Any
 import numpy as np
 
 BATCH, SHARDS, WINDOW, CLASSES = 256, 64, 8, 10
+CHECKPOINT_EVERY = 10  # batches between two checkpoints: a kill lands between two of them
+STEP_SECONDS = 0.002  # the training step each batch stands for (a sleep: it costs no CPU)
 
 
 def shuffle_memory(records: int) -> int:
@@ -93,10 +97,13 @@ def write_parquet(root: Path, records: int) -> None:
 def preload(system: str) -> None:
     import torch.utils.data  # noqa: F401
 
-    if system == "mosaic":
+    if system.startswith("mosaic"):
         _stub_torchvision()
-    module = {"ours": "stateful_sampler.stream", "litdata": "litdata", "mosaic": "streaming", "hf": "datasets"}[system]
+    module = {"ours": "stateful_sampler.stream", "litdata": "litdata", "mosaic": "streaming",
+              "mosaic-py1br": "streaming", "hf": "datasets"}[system]  # fmt: skip
     importlib.import_module(module)
+    if system == "hf":
+        importlib.import_module("torchdata.stateful_dataloader")
 
 
 def build(system: str, root: Path, records: int, workers: int, seed: int = 0) -> tuple[Any, Any]:
@@ -112,50 +119,105 @@ def build(system: str, root: Path, records: int, workers: int, seed: int = 0) ->
 
         dataset = StreamingDataset(str(root / "litdata"), shuffle=True, seed=seed)
         return dataset, StreamingDataLoader(dataset, batch_size=BATCH, num_workers=workers)
-    if system == "mosaic":
+    if system.startswith("mosaic"):
         _stub_torchvision()
         from streaming import StreamingDataLoader, StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
 
-        clean_stale_shared_memory()
-        dataset = StreamingDataset(local=str(root / "mosaic"), shuffle=True, shuffle_algo="py1e", shuffle_seed=seed,
-                                   batch_size=BATCH, shuffle_block_size=shuffle_memory(records))  # fmt: skip
+        clean_stale_shared_memory()  # a killed run leaves its shared memory behind
+        algorithm = "py1br" if system == "mosaic-py1br" else "py1e"
+        dataset = StreamingDataset(local=str(root / "mosaic"), shuffle=True, shuffle_algo=algorithm,
+                                   shuffle_seed=seed, batch_size=BATCH,
+                                   shuffle_block_size=shuffle_memory(records))  # fmt: skip
         return dataset, StreamingDataLoader(dataset, batch_size=BATCH, num_workers=workers)
     if system == "hf":
         from datasets import load_dataset
+        from torchdata.stateful_dataloader import StatefulDataLoader
 
         dataset = load_dataset("parquet", data_files=parquet_paths(root), split="train", streaming=True)
-        dataset = dataset.shuffle(seed=seed, buffer_size=shuffle_memory(records))
-        return dataset, None  # iterated directly: its state_dict is the dataset's (0 workers)
+        dataset = dataset.shuffle(seed=seed, buffer_size=shuffle_memory(records))  # one buffer per worker
+        return dataset, StatefulDataLoader(dataset, batch_size=BATCH, num_workers=workers)
     raise ValueError(system)
 
 
-def id_batches(dataset: Any, loader: Any) -> Any:
+def id_batches(loader: Any) -> Any:
     """The record ids of each batch, as the loop sees them."""
-    if loader is not None:
-        for batch in loader:
-            yield [int(v) for v in batch["id"]]
-        return
-    batch: list[int] = []
-    for record in dataset:
-        batch.append(int(record["id"]))
-        if len(batch) == BATCH:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+    for batch in loader:
+        yield [int(v) for v in batch["id"]]
 
 
-def state_of(system: str, dataset: Any, loader: Any) -> Any:
-    return dataset.state_dict() if loader is None else loader.state_dict()
+def state_of(system: str, dataset: Any, loader: Any, consumed: int) -> Any:
+    """What a user's checkpoint saves after the loop consumed ``consumed`` batches."""
+    return dataset.state_dict(consumed_batches=consumed) if system == "ours" else loader.state_dict()
 
 
-def load(system: str, dataset: Any, loader: Any, state: Any) -> None:
-    (dataset if loader is None else loader).load_state_dict(state)
+def save_atomically(path: Path, payload: Any) -> None:
+    partial = path.with_suffix(".partial")
+    with open(partial, "wb") as file:
+        pickle.dump(payload, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
 
 
 def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def train(system: str, root: Path, records: int, workers: int) -> None:
+    """Train until killed: report each batch on stdout, checkpoint every ``CHECKPOINT_EVERY`` batches."""
+    dataset, loader = build(system, root, records, workers)
+    delivered: list[list[int]] = []
+    for consumed, batch in enumerate(id_batches(loader), 1):
+        delivered.append(batch)
+        time.sleep(STEP_SECONDS)
+        if consumed % CHECKPOINT_EVERY == 0:
+            save_atomically(root / f"{system}.w{workers}.ckpt", {
+                "state": state_of(system, dataset, loader, consumed), "batches": consumed,
+                "delivered": np.concatenate(delivered)})  # fmt: skip
+        print(consumed, flush=True)
+    print("epoch-end", flush=True)  # the kill came too late: the driver reports it
+
+
+def half_state(system: str, root: Path, records: int) -> None:
+    """A checkpoint at half an epoch for the resume-cost runs at 10^6 and more, through each system's
+    public API without reading the half epoch where it has one: ours (``state_dict(consumed_batches=)``)
+    and Mosaic (``StreamingDataset.state_dict(num_samples, from_beginning=True)``); litdata's state
+    only comes from its loader, so it reads the half epoch at 0 workers."""
+    half = records // BATCH // 2
+    dataset, loader = build(system, root, records, 0)
+    if system == "ours":
+        state = dataset.state_dict(consumed_batches=half)
+    elif system == "mosaic":
+        state = dataset.state_dict(half * BATCH, True)
+    else:
+        batches = id_batches(loader)
+        for _ in range(half):
+            next(batches)
+        state = loader.state_dict()
+    save_atomically(root / f"{system}.half.ckpt", {"state": state, "batches": half, "delivered": None})
+
+
+def resume(system: str, root: Path, records: int, checkpoint: str, workers: int) -> dict[str, Any]:
+    saved = pickle.loads((root / f"{system}.{checkpoint}.ckpt").read_bytes())
+    state_bytes = len(pickle.dumps(saved["state"]))  # before loading it: litdata's load adds to the dict
+    preload(system)  # imports are not the resume's cost
+    started = time.perf_counter()
+    dataset, loader = build(system, root, records, workers)
+    try:
+        (dataset if system == "ours" else loader).load_state_dict(saved["state"])
+        batches = id_batches(loader)
+        rest = [next(batches)]
+    except Exception as error:  # noqa: BLE001 (whatever a peer raises to refuse a resume is a result)
+        message = (str(error).splitlines() or ["(no message)"])[0][:160]
+        return {"refused": f"{type(error).__name__}: {message}"}
+    result: dict[str, Any] = {"first_batch_s": time.perf_counter() - started, "rss_mib": rss_mib(),
+                              "state_bytes": state_bytes, "checkpoint_batch": saved["batches"]}  # fmt: skip
+    if saved["delivered"] is None:
+        return result
+    rest += list(batches)
+    seen = np.bincount(np.concatenate([saved["delivered"], *map(np.asarray, rest)]), minlength=records)
+    return {**result, "repeated": int(np.maximum(seen - 1, 0).sum()), "lost": int((seen == 0).sum())}
 
 
 def main(system: str, root: Path, records: int, task: str) -> dict[str, Any]:
@@ -164,46 +226,23 @@ def main(system: str, root: Path, records: int, task: str) -> dict[str, Any]:
         return {}
     if task == "epoch":  # uninterrupted epochs: the order at 0 workers, records/s at 0 and 4 workers
         result: dict[str, Any] = {}
-        for workers in (0, 4):
-            if system == "hf" and workers:
-                continue  # HF's IterableDataset with workers needs torchdata's StatefulDataLoader to resume
-            dataset, loader = build(system, root, records, workers)
+        for workers in (0,) if system == "mosaic-py1br" else (0, 4):
+            _, loader = build(system, root, records, workers)
             started = time.perf_counter()
-            order = list(id_batches(dataset, loader))
+            order = list(id_batches(loader))
             result[f"rate_{workers}"] = sum(map(len, order)) / (time.perf_counter() - started)
             if workers == 0:
                 result["order"] = [i for batch in order for i in batch]
         return result
-    if task == "stop":  # half an epoch at 0 workers, then the state is all that survives
-        dataset, loader = build(system, root, records, 0)
-        batches = id_batches(dataset, loader)
-        before = [next(batches) for _ in range(records // BATCH // 2)]
-        if system == "ours":
-            state = dataset.state_dict(consumed_batches=len(before))
-        else:
-            state = dataset.state_dict() if loader is None else loader.state_dict()
-        (root / f"{system}.state").write_bytes(pickle.dumps(state))
-        np.save(root / f"{system}.before.npy", np.concatenate(before))
-        return {"state_bytes": len(pickle.dumps(state))}
-    # "resume-W": a fresh process loads the state, with W workers, and finishes the epoch
-    workers = int(task.split("-")[1])
-    if system == "hf" and workers:
-        return {"skipped": "an IterableDataset's state with workers needs torchdata's StatefulDataLoader"}
-    state = pickle.loads((root / f"{system}.state").read_bytes())
-    preload(system)  # imports are not the resume's cost
-    started = time.perf_counter()
-    dataset, loader = build(system, root, records, workers)
-    (dataset if loader is None or system == "ours" else loader).load_state_dict(state)
-    batches = id_batches(dataset, loader)
-    rest = [next(batches)]
-    first = time.perf_counter() - started
-    rss = rss_mib()
-    rest += list(batches)
-    seen = np.bincount(
-        np.concatenate([np.load(root / f"{system}.before.npy"), *map(np.asarray, rest)]), minlength=records
-    )
-    return {"first_batch_s": first, "rss_mib": rss, "repeated": int(np.maximum(seen - 1, 0).sum()),
-            "lost": int((seen == 0).sum())}  # fmt: skip
+    if task.startswith("train-"):
+        train(system, root, records, int(task.split("-")[1]))
+        return {}
+    if task == "half":
+        half_state(system, root, records)
+        return {}
+    # "resume-CHECKPOINT-W": a fresh process loads the checkpoint (w0, w2: a kill's; half) with W workers
+    _, checkpoint, workers = task.split("-")
+    return resume(system, root, records, checkpoint, int(workers))
 
 
 if __name__ == "__main__":
