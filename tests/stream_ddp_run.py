@@ -10,6 +10,7 @@ steps the state to OUT_DIR/NAME_state.json (rank 0) and stops.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import sys
 from pathlib import Path
 
@@ -31,8 +32,10 @@ def main(shard_dir: str, out_dir: str, name: str, workers: int, stop_after: int,
     stream = ShardedStream(shards, ParquetReader(), batch_size=BATCH, window=2, seed=3, transform=ids, yield_keys=True)
     if state:
         stream.load_state_dict(json.loads(Path(state).read_text()))
-    # Forking a worker from a rank whose gloo threads run can hang the child: start them from a fork server.
+    # Forking a worker from a rank whose gloo threads run can hang the child: start them from a fork server,
+    # which imports this module (run again as each worker's __main__) once rather than each worker anew.
     context = "forkserver" if workers else None
+    multiprocessing.set_forkserver_preload(["tests.stream_ddp_run", "pyarrow.parquet"])
     loader = stream.loader(num_workers=workers, multiprocessing_context=context)
     seen: list[dict] = []
     out = Path(out_dir)

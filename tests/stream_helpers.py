@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import Any
 
+import torch
+
 from stateful_sampler.stream import ShardedStream
 
 
@@ -50,3 +52,24 @@ def loop_batches(stream: ShardedStream, workers: int, limit: int | None = None) 
         else:
             live.remove(worker)
     return batches
+
+
+class Rows:
+    """Shard i holds records 100*i + row, ``counts[i]`` of them: what the subprocess runs stream. Kept
+    here, where a DataLoader worker unpickles it without importing Lightning."""
+
+    def __init__(self, counts: Sequence[int]) -> None:
+        self.counts = list(counts)
+
+    def count(self, shard: str) -> int:
+        return self.counts[int(shard)]
+
+    def read(self, shard: str, start: int, stop: int) -> list[int]:
+        return [100 * int(shard) + row for row in range(start, stop)]
+
+    def identity(self, shard: str) -> str:
+        return f"v1-{shard}"
+
+
+def as_tensor(record: int) -> torch.Tensor:
+    return torch.tensor([float(record)])

@@ -22,21 +22,9 @@ import torch
 
 from stateful_sampler.loader import ResumableLoader
 from stateful_sampler.stream import SeededTransform, ShardedStream
+from tests.stream_helpers import Rows
 
 COUNTS, BATCH, EPOCHS = [7, 5, 0, 9, 4, 6], 3, 2  # 31 records: 11 batches an epoch
-
-
-class Rows:
-    """Shard i holds records 100*i + row."""
-
-    def count(self, shard: str) -> int:
-        return COUNTS[int(shard)]
-
-    def read(self, shard: str, start: int, stop: int) -> list[int]:
-        return [100 * int(shard) + row for row in range(start, stop)]
-
-    def identity(self, shard: str) -> str:
-        return f"v1-{shard}"
 
 
 def augment(record: int, rng: Any) -> torch.Tensor:
@@ -44,7 +32,7 @@ def augment(record: int, rng: Any) -> torch.Tensor:
 
 
 def make_stream() -> ShardedStream:
-    return ShardedStream([str(i) for i in range(len(COUNTS))], Rows(), batch_size=BATCH, window=2, seed=5,
+    return ShardedStream([str(i) for i in range(len(COUNTS))], Rows(COUNTS), batch_size=BATCH, window=2, seed=5,
                          transform=SeededTransform(augment))  # fmt: skip
 
 

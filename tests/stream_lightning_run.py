@@ -10,6 +10,7 @@ Rank 0 SIGKILLs the whole process group (every rank and DataLoader worker) after
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -23,24 +24,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from stateful_sampler.lightning import SamplerCheckpoint
 from stateful_sampler.stream import ShardedStream, StreamLoader
+from tests.stream_helpers import Rows, as_tensor
 
 warnings.filterwarnings("ignore")
 
 COUNTS, BATCH, EPOCHS = [7, 5, 0, 9, 4, 6, 8], 2, 2  # 39 records: 10 steps an epoch on 2 ranks, 20 on 1
-
-
-class Rows:
-    """Shard i holds records 100*i + row."""
-
-    def count(self, shard: str) -> int:
-        return COUNTS[int(shard)]
-
-    def read(self, shard: str, start: int, stop: int) -> list[int]:
-        return [100 * int(shard) + row for row in range(start, stop)]
-
-
-def as_tensor(record: int) -> torch.Tensor:
-    return torch.tensor([float(record)])
 
 
 class StreamData(LightningDataModule):
@@ -52,7 +40,7 @@ class StreamData(LightningDataModule):
         self.workers = workers
 
     def train_dataloader(self) -> StreamLoader:
-        stream = ShardedStream([str(i) for i in range(len(COUNTS))], Rows(), batch_size=BATCH, window=2, seed=5,
+        stream = ShardedStream([str(i) for i in range(len(COUNTS))], Rows(COUNTS), batch_size=BATCH, window=2, seed=5,
                                transform=as_tensor)  # fmt: skip
         # Forking a worker from a rank whose gloo threads run can hang the child: start them from a fork server.
         return stream.loader(num_workers=self.workers, multiprocessing_context="forkserver" if self.workers else None)
@@ -84,6 +72,9 @@ class KillAt(Callback):
 
 
 def main(root: Path, workers: int, devices: int, kill_at: int) -> None:
+    # A worker started from a fork server runs this module again as its __main__: from a server that
+    # imported it (and Lightning, seconds) once, not each worker of each epoch importing Lightning anew.
+    multiprocessing.set_forkserver_preload(["tests.stream_lightning_run"])
     checkpoint = ModelCheckpoint(root, every_n_train_steps=3, save_top_k=-1, save_last=True)
     callbacks: list[Callback] = [SamplerCheckpoint(), checkpoint] + ([KillAt(kill_at)] if kill_at else [])
     trainer = Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -95,22 +96,54 @@ ACCELERATE_2 = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("command", "kill_at", "compared"),
-    [
-        pytest.param([sys.executable, "examples/fabric_train.py"], 17, "52 (26 steps x 2 rank(s)), identical: 52", id="fabric"),
-        pytest.param([*ACCELERATE_2, "examples/accelerate_train.py"], 17, "52 (26 steps x 2 rank(s)), identical: 52", id="accelerate"),
-        pytest.param([*LAUNCH_2, "examples/hf_trainer.py"], 22, "68 (34 steps x 2 rank(s)), identical: 68", id="hf_trainer"),
-        pytest.param([*LAUNCH_2, "examples/dcp_train.py"], 17, "52 (26 steps x 2 rank(s)), identical: 52", id="dcp"),
-    ],
-)  # fmt: skip
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# The launchers run at once (below), so each gets a rendezvous port of its own: they all default to 29500.
+FRAMEWORK_RUNS = {
+    "fabric": ([sys.executable, "examples/fabric_train.py"], 17, "52 (26 steps x 2 rank(s)), identical: 52"),
+    "accelerate": ([*ACCELERATE_2, "--main_process_port", str(free_port()), "examples/accelerate_train.py"], 17,
+                   "52 (26 steps x 2 rank(s)), identical: 52"),
+    "hf_trainer": ([*LAUNCH_2, "--master-port", str(free_port()), "examples/hf_trainer.py"], 22,
+                   "68 (34 steps x 2 rank(s)), identical: 68"),
+    "dcp": ([*LAUNCH_2, "--master-port", str(free_port()), "examples/dcp_train.py"], 17,
+            "52 (26 steps x 2 rank(s)), identical: 52"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def framework_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]]:
+    """``verify --kill-at K -- EXAMPLE`` for every framework example, all started at once: each run spends
+    half its time with one rank waiting for the other to import its framework, so together they take
+    about the time of two. Each test below asserts its own run's verdict."""
+    logs, runs = tmp_path_factory.mktemp("framework_runs"), {}
+    verify = [sys.executable, "-m", "stateful_sampler.cli", "verify", "--kill-at"]
+    for name, (command, kill_at, _) in FRAMEWORK_RUNS.items():
+        out = (logs / f"{name}.log").open("w")
+        runs[name] = (out, subprocess.Popen([*verify, str(kill_at), "--", *command, "--root", "{run_dir}"], text=True,
+                                            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                            env={**os.environ, "OMP_NUM_THREADS": "1"}))  # fmt: skip
+    verdicts = {}
+    for name, (out, process) in runs.items():
+        try:
+            process.wait(timeout=TIMEOUT)
+        finally:
+            process.kill()
+            out.close()
+        verdicts[name] = (process.returncode, (logs / f"{name}.log").read_text())
+    return verdicts
+
+
+@pytest.mark.parametrize("framework", FRAMEWORK_RUNS)
 def test_framework_example_on_two_processes_is_verified_equal_after_a_sigkill_mid_epoch(
-    command: list[str], kill_at: int, compared: str
+    framework: str, framework_verdicts: dict[str, tuple[int, str]]
 ) -> None:
-    verify = [sys.executable, "-m", "stateful_sampler.cli", "verify", "--kill-at", str(kill_at), "--"]
-    done = subprocess.run([*verify, *command, "--root", "{run_dir}"], capture_output=True, text=True, timeout=TIMEOUT,
-                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"killed after step {kill_at}; resumed from the checkpoint at step {kill_at // 5 * 5}\n" in done.stdout
-    assert f"batches compared: {compared}\n" in done.stdout
-    assert "EQUAL: the killed and resumed run trained on exactly the batches" in done.stdout
+    _, kill_at, compared = FRAMEWORK_RUNS[framework]
+    returncode, out = framework_verdicts[framework]
+    assert returncode == 0, out
+    assert f"killed after step {kill_at}; resumed from the checkpoint at step {kill_at // 5 * 5}\n" in out
+    assert f"batches compared: {compared}\n" in out
+    assert "EQUAL: the killed and resumed run trained on exactly the batches" in out

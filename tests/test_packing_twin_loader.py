@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import assume, settings
+from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 from torch.utils.data import DataLoader
 
 from stateful_sampler import PackedRows, ResumableLoader, TokenBudgetBatches
 from tests.test_twin_loader import ResumableTwins
-from tests.twin_helpers import outcome
+from tests.twin_helpers import outcome, worker_variant
 
 EXAMPLES = int(os.environ.get("TWIN_PACKING_LOADER_EXAMPLES", "150"))  # without workers
 WORKER_EXAMPLES = int(os.environ.get("TWIN_PACKING_LOADER_WORKER_EXAMPLES", "10"))  # each pass starts 2 processes
@@ -109,15 +109,9 @@ class RowResumableTwins(ResumableTwins):
         return ResumableLoader(config.dataloader(rank, self.workers), rng_states=False, batches_per_epoch=config.cap)
 
 
-def _variant(workers: int) -> type[RowResumableTwins]:
-    machine = type(f"RowResumableTwins_{workers}_workers", (RowResumableTwins,),
-                   {"workers": workers, "max_world": 3 if workers == 0 else 1})  # fmt: skip
-    examples, steps = (EXAMPLES, 20) if workers == 0 else (WORKER_EXAMPLES, 12)
-    machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None)
-    return machine
-
-
-VARIANTS = {workers: _variant(workers) for workers in (0, 2)}
+VARIANTS = {
+    workers: worker_variant(RowResumableTwins, workers, EXAMPLES, WORKER_EXAMPLES, max_world=3) for workers in (0, 2)
+}
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])

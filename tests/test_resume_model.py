@@ -277,6 +277,6 @@ class ResumeMachine(RuleBasedStateMachine):
 
 
 ResumeMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("RESUME_MODEL_EXAMPLES", 1500)), stateful_step_count=30, deadline=None
+    max_examples=int(os.environ.get("RESUME_MODEL_EXAMPLES", 600)), stateful_step_count=30, deadline=None
 )
 test_resume_contract_against_the_reference_model = ResumeMachine.TestCase

@@ -73,10 +73,11 @@ def test_seed_worker_gives_two_fresh_runs_the_same_augmentation(workers):
 
 
 DDP_RANK = r"""
-import json, os, sys
+import json, multiprocessing, os, sys
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 sys.path.insert(0, sys.argv[1])
+multiprocessing.set_forkserver_preload(["tests.test_seeding_loader"])  # workers unpickle its dataset: import it once
 from tests.test_seeding_loader import Augmented, EPOCHS, SEED, BATCH, rows_of
 from stateful_sampler import StatefulSampler
 from stateful_sampler.seeding import SeededDataset, seed_worker

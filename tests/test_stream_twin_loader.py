@@ -12,13 +12,13 @@ import os
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
 from stateful_sampler import ResumableLoader
 from tests.stream_helpers import make_stream
 from tests.test_twin_loader import ResumableTwins
+from tests.twin_helpers import worker_variant
 
 EXAMPLES = int(os.environ.get("TWIN_STREAM_LOADER_EXAMPLES", "150"))  # without workers
 WORKER_EXAMPLES = int(os.environ.get("TWIN_STREAM_LOADER_WORKER_EXAMPLES", "25"))  # each pass starts 2 processes
@@ -65,15 +65,9 @@ class ResumableStreamTwins(ResumableTwins):
         return ResumableLoader(stream.loader(num_workers=self.workers), rng_states=False)
 
 
-def _variant(workers: int) -> type[ResumableStreamTwins]:
-    machine = type(f"ResumableStreamTwins_{workers}_workers", (ResumableStreamTwins,),
-                   {"workers": workers, "max_world": 2 if workers == 0 else 1})  # fmt: skip
-    examples, steps = (EXAMPLES, 20) if workers == 0 else (WORKER_EXAMPLES, 12)
-    machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None)
-    return machine
-
-
-VARIANTS = {workers: _variant(workers) for workers in (0, 2)}
+VARIANTS = {
+    workers: worker_variant(ResumableStreamTwins, workers, EXAMPLES, WORKER_EXAMPLES, max_world=2) for workers in (0, 2)
+}
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])

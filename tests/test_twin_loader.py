@@ -17,22 +17,35 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-from hypothesis import assume, settings
+from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from torch.utils.data import DataLoader
 
 from stateful_sampler import ResumableLoader
-from tests.twin_helpers import EPOCHS, KINDS, SamplerConfig, json_round_trip, outcome, sampler_configs, take
+from tests.twin_helpers import (
+    EPOCHS,
+    KINDS,
+    SamplerConfig,
+    json_round_trip,
+    outcome,
+    sampler_configs,
+    take,
+    worker_variant,
+)
 
 # Runs per variant: 300 without workers (ResumableLoader, StatefulDataLoader); with 2 workers, whose every
-# pass starts 2 processes, 20 under ResumableLoader and 12 under StatefulDataLoader (slow).
+# pass starts 2 processes, 12 under ResumableLoader and 8 under StatefulDataLoader (slow).
 EXAMPLES = int(os.environ.get("TWIN_LOADER_EXAMPLES", 300))
-WORKER_EXAMPLES = {"ResumableTwins": 20, "StatefulDataLoaderTwins": 12}
+WORKER_EXAMPLES = {
+    name: int(os.environ.get("TWIN_LOADER_WORKER_EXAMPLES", default))
+    for name, default in (("ResumableTwins", 12), ("StatefulDataLoaderTwins", 8))
+}
 PENDING, NO_TWIN, REAL = "pending", "no twin", "real"
 
 
@@ -284,17 +297,8 @@ class StatefulDataLoaderTwins(LoaderTwins):
         return {"len": outcome(lambda: len(loader))}
 
 
-def _variant(base: type[LoaderTwins], workers: int) -> type[LoaderTwins]:
-    machine = type(f"{base.__name__}_{workers}_workers", (base,), {"workers": workers,
-                                                                  "max_world": 2 if workers == 0 else 1})  # fmt: skip
-    worker_examples = int(os.environ.get("TWIN_LOADER_WORKER_EXAMPLES", WORKER_EXAMPLES[base.__name__]))
-    examples, steps = (EXAMPLES, 20) if workers == 0 else (worker_examples, 12)
-    machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None)
-    return machine
-
-
 VARIANTS = {
-    (name, workers): _variant(base, workers)
+    (name, workers): worker_variant(base, workers, EXAMPLES, WORKER_EXAMPLES[base.__name__], max_world=2)
     for name, base in (("resumable", ResumableTwins), ("stateful_dataloader", StatefulDataLoaderTwins))
     for workers in (0, 2)
 }

@@ -27,8 +27,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from stateful_sampler import StatefulSampler
 from tests.twin_helpers import EPOCHS, KINDS, SamplerConfig, json_round_trip, outcome, sampler_configs, take
 
-# Examples per strategy: 7 strategies x 300 = 2,100 runs of up to 20 steps.
-EXAMPLES = int(os.environ.get("TWIN_SAMPLER_EXAMPLES", 300))
+# Examples per strategy: 7 strategies x 150 = 1,050 runs of up to 20 steps (TWIN_SAMPLER_EXAMPLES for more).
+EXAMPLES = int(os.environ.get("TWIN_SAMPLER_EXAMPLES", 150))
 PENDING, NO_TWIN, REAL = "pending", "no twin", "real"
 
 

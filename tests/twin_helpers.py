@@ -9,9 +9,11 @@ A twin test drives a live object and, after every save, a twin restored fresh fr
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, TypeVar
 
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from stateful_sampler import (
@@ -20,8 +22,8 @@ from stateful_sampler import (
     LengthGrouped,
     Mixture,
     StatefulSampler,
-    Stratified,
     Strategy,
+    Stratified,
     Weighted,
 )
 
@@ -161,3 +163,16 @@ def take(iterator: Iterator[Any], count: int) -> tuple[list[Any], bool, tuple[An
 
 def json_round_trip(state: Any) -> Any:
     return json.loads(json.dumps(state))
+
+
+Machine = TypeVar("Machine", bound=type)
+
+
+def worker_variant(base: Machine, workers: int, examples: int, worker_examples: int, max_world: int) -> Machine:
+    """``base`` driven through DataLoaders of ``workers`` workers. A pass with workers starts
+    processes, so it runs fewer and shorter examples, on one rank."""
+    machine = type(f"{base.__name__}_{workers}_workers", (base,),
+                   {"workers": workers, "max_world": max_world if workers == 0 else 1})  # fmt: skip
+    runs, steps = (examples, 20) if workers == 0 else (worker_examples, 12)
+    machine.TestCase.settings = settings(max_examples=runs, stateful_step_count=steps, deadline=None)  # type: ignore[attr-defined]
+    return machine  # type: ignore[return-value]
