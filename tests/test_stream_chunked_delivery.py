@@ -246,3 +246,40 @@ def test_jsonl_counts_the_records_it_converts(tmp_path: Path) -> None:
     reader = JsonlReader()
     assert reader.read(write_jsonl(tmp_path / "a.jsonl", list(range(9))), 2, 7) == [{"x": x} for x in range(2, 7)]
     assert reader.stats.converted == 5
+
+
+def test_a_windows_parquet_spans_are_joined_and_taken_from_in_one_call_per_chunk(shards: list[str]) -> None:
+    calls: list[int] = []
+
+    class Counting(ParquetSpan):
+        def records_at(self, rows: Sequence[int]) -> list[dict[str, Any]]:
+            calls.append(len(rows))
+            return super().records_at(rows)
+
+    class Reader(ParquetReader):
+        def read_span(self, shard: str, start: int, stop: int) -> ParquetSpan:
+            return Counting(super().read_span(shard, start, stop).table, self.stats)
+
+    stream = parquet_stream(shards, Reader(), batch_size=4, window=3)
+    records = [record["x"] for record in stream.iter_worker(0, 1)]
+    assert records == [record["x"] for record in parquet_stream(shards, EagerParquet(), window=3).iter_worker(0, 1)]
+    # Two windows of 3 shards (72 records each): chunks of 4, 8, 16, 32 and the last 12, one call each.
+    assert calls == [4, 8, 16, 32, 12] * 2
+
+
+def test_shards_of_other_schemas_are_gathered_shard_by_shard(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = []
+    for i in range(4):  # odd shards carry an extra column: their spans do not join
+        columns = {"x": list(range(i * ROWS, (i + 1) * ROWS))} | ({"y": [0.5] * ROWS} if i % 2 else {})
+        paths.append(str(tmp_path / f"{i}.parquet"))
+        pq.write_table(pa.table(columns), paths[-1], row_group_size=4)
+    stream = parquet_stream(paths, ParquetReader(), window=2, yield_keys=True)
+    delivered = list(stream.iter_worker(0, 1))
+    assert sorted(record["x"] for record, _ in delivered) == list(range(4 * ROWS))
+    assert all(record["x"] == key.index for record, key in delivered)
+    assert [record["x"] for record, _ in delivered] == [
+        record["x"] for record, _ in parquet_stream(paths, EagerParquet(), window=2, yield_keys=True).iter_worker(0, 1)
+    ]

@@ -45,6 +45,7 @@ class ShardReader(Protocol):
 #   read_span(shard, start, stop) -> Sequence: the same records as ``read``, as a sequence that may
 #       build them only when indexed; with ``records_at(rows)`` it builds many in one call. The stream
 #       reads through it (see ``span_reader``), so a window is decoded once and converted batch by batch.
+#       A span type with a ``join(spans)`` classmethod (``ParquetSpan``) has a window's spans joined into one.
 
 
 @dataclass
@@ -93,6 +94,14 @@ class ParquetSpan(Sequence[dict[str, Any]]):
         if not -len(self) <= row < len(self):
             raise IndexError(f"row {row} is outside this span of {len(self)} rows")
         return self.records_at([row % len(self)])[0]
+
+    @classmethod
+    def join(cls, spans: Sequence[ParquetSpan]) -> ParquetSpan:
+        """The spans one after another as one span, its columns in one contiguous block (a window's
+        spans, which the stream then takes from in one call per chunk). Spans of other schemas raise."""
+        import pyarrow as pa
+
+        return cls(pa.concat_tables([span.table for span in spans]).combine_chunks(), spans[0]._stats)
 
     def records_at(self, rows: Sequence[int]) -> list[dict[str, Any]]:
         """The records at ``rows`` (a list or an integer array of offsets into the span), in that order,
