@@ -47,6 +47,12 @@ def main(root: Path, epochs: int, every: int) -> None:
             os._exit(3)
 
     _example().train(root, epochs, every, on_step)
+    # The run's steps and weights are written by now. A worker restarted by the agent sometimes aborts in
+    # the interpreter's teardown ("terminate called without an active exception", exit -6: a torch thread
+    # left joinable), which the agent reports as a failed run: leave without that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
