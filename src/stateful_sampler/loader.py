@@ -23,7 +23,7 @@ from stateful_sampler.checks import check_bool, check_int, check_optional_int
 from stateful_sampler.errors import DoubleShardingError, IncompatibleStateError, SamplerNotFoundError, StalePassError
 from stateful_sampler.order.layout import MAX_BATCH
 from stateful_sampler.plugins import load_plugins
-from stateful_sampler.resumable import DatasetOrder, loader_batches
+from stateful_sampler.resumable import WRAPPED_LOADERS, DatasetOrder, dataloaders_under, loader_batches
 from stateful_sampler.sampler import StatefulSampler, set_consumed_source
 from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
 
@@ -39,7 +39,6 @@ _SAMPLER_STATE_MARKERS = ("size", "seed", "epoch", "position")
 # SkipDataLoader (batch_sampler, base_dataloader); a DataLoader's dataset, for a DatasetOrder (ShardedStream).
 _WRAPPED = ("sampler", "batch_sampler", "_dataloader", "base_dataloader", "dataloader", "loader", "dataset")
 _MAX_DEPTH = 6
-_LOADERS = ("_dataloader", "base_dataloader", "dataloader", "loader")  # where wrappers keep the loader they iterate
 
 BatchHook = Callable[["ResumableLoader", Any, int], None]
 StateHook = Callable[["ResumableLoader", int], None]
@@ -367,7 +366,7 @@ def _inner_dataloader(loader: Any) -> DataLoader | None:
         seen.add(id(obj))
         if isinstance(obj, DataLoader):
             found = obj
-        obj = next((getattr(obj, name) for name in _LOADERS if getattr(obj, name, None) is not None), None)
+        obj = next((getattr(obj, name) for name in WRAPPED_LOADERS if getattr(obj, name, None) is not None), None)
     return found
 
 
@@ -422,17 +421,10 @@ def _own_generators(loader: Any) -> list[torch.Generator]:
     the global stream is untouched and a resumed pass's workers get the base seed of the epoch.
     """
     generators = []
-    seen: set[int] = set()
-    pending = [loader]
-    while pending:
-        obj = pending.pop()
-        if obj is None or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, DataLoader) and obj.generator is None:
-            obj.generator = torch.Generator()
-            generators.append(obj.generator)
-        pending += [getattr(obj, name, None) for name in _LOADERS]
+    for found in dataloaders_under(loader):
+        if found.generator is None:
+            found.generator = torch.Generator()
+            generators.append(found.generator)
     return generators
 
 

@@ -34,6 +34,7 @@ from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.policies import Tail
 from stateful_sampler.order.shards import EpochWindows, ShardedShuffle
+from stateful_sampler.resumable import dataloaders_under
 from stateful_sampler.sampler import _pass_start_hooks  # add_pass_start_hook's hooks run for streams too
 from stateful_sampler.stream.layout import StreamLayout
 from stateful_sampler.stream.readers import ShardReader, ShardReadError, span_reader
@@ -60,8 +61,6 @@ _Joined = tuple[Sequence[Any], np.ndarray]  # the spans joined, and each shard's
 # The most records a worker builds at once: a window's first chunk is one batch (the first batch waits
 # for no more), each next one twice the last, up to this (fewer, larger conversions; bounded memory).
 _CHUNK_RECORDS = 1024
-# Where a wrapper keeps the DataLoader it iterates (Fabric, Accelerate, ResumableLoader).
-_WRAPPERS = ("_dataloader", "base_dataloader", "dataloader", "loader")
 
 
 class ShardedStream(IterableDataset):
@@ -578,16 +577,7 @@ class _Unreported:
 
 def _dataloader_of(loader: Any, stream: ShardedStream) -> DataLoader | None:
     """The ``DataLoader`` over ``stream`` at ``loader`` or inside the wrappers frameworks put around it."""
-    pending, seen = [loader], set()
-    while pending:
-        obj = pending.pop()
-        if obj is None or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, DataLoader) and obj.dataset is stream:
-            return obj
-        pending += [getattr(obj, name, None) for name in _WRAPPERS]
-    return None
+    return next((found for found in dataloaders_under(loader) if found.dataset is stream), None)
 
 
 def _join(spans: _Spans, shards: int) -> _Joined | None:
