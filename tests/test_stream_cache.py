@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -110,6 +112,61 @@ def test_pins_and_downloads_of_dead_processes_are_ignored(tmp_path: Path) -> Non
     assert not (directory / "pins" / f"{dead.pid}-0.json").exists()
     assert not (directory / f"{keys[0]}.part-{dead.pid}-0").exists()
     assert cached(directory) == 2
+
+
+class PrefetchHeld(ShardCache):
+    """Its prefetch thread waits for ``release`` before each background fetch: the thread falls behind the
+    reader, as it does on a loaded machine."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = threading.Event()
+
+    def _fetch(self, shard: str, demand: bool) -> Path | None:
+        if not demand:
+            assert self.release.wait(timeout=60)
+        return super()._fetch(shard, demand)
+
+
+def test_a_pin_left_behind_the_reads_never_replaces_a_later_windows_pin(tmp_path: Path) -> None:
+    # Seen under load: window 1's pin, left to the prefetch thread behind window 0's fetches, was written
+    # after window 2's, unpinning windows 2 and 3 while the reader read them; a fetch evicted one.
+    paths = shards(tmp_path, 8)
+    cache = PrefetchHeld(ParquetReader(), tmp_path / "cache", max_bytes=1 << 30)
+    cache.enter_window(paths[0:2], paths[2:4])  # pinned at once; shards 1-3 wait in the prefetch thread
+    for path in paths[0:2]:
+        cache.read_span(path, 0, 20)
+    cache.enter_window(paths[2:4], paths[4:6])  # already pinned: its pin goes behind the prefetches
+    cache.enter_window(paths[4:6], paths[6:8])  # not pinned yet: pinned at once
+    cache.release.set()
+    cache.wait()
+    [pin] = (tmp_path / "cache" / "pins").glob("*.json")
+    assert json.loads(pin.read_text()) == [cache.fetch(path).stem for path in paths[4:8]]
+
+
+class EvictedBeforeOpen(ParquetReader):
+    """Its first read finds the local copy gone (evicted by a process that does not pin it)."""
+
+    def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:
+        self._evict_once(shard)
+        return super().read(shard, start, stop)
+
+    def read_span(self, shard: str, start: int, stop: int) -> Any:
+        self._evict_once(shard)
+        return super().read_span(shard, start, stop)
+
+    def _evict_once(self, shard: str) -> None:
+        if not getattr(self, "evicted", False):
+            self.evicted = True
+            os.unlink(shard)
+
+
+@pytest.mark.parametrize("method", ["read", "read_span"])
+def test_a_copy_evicted_between_fetch_and_open_is_fetched_again(tmp_path: Path, method: str) -> None:
+    paths = shards(tmp_path, 1)
+    cache = ShardCache(EvictedBeforeOpen(), tmp_path / "cache", max_bytes=1 << 20, prefetch=False)
+    assert list(getattr(cache, method)(paths[0], 3, 5)) == [{"x": 3}, {"x": 4}]
+    assert fetched(tmp_path / "cache") == paths * 2
 
 
 def _fetch_all(directory: str, paths: list[str], order: int) -> None:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stateful_sampler.stream import JsonlReader, ParquetReader, ShardCache, ShardedStream, ShardReadError
-from stateful_sampler.stream.readers import ParquetSpan, span_reader
+from stateful_sampler.stream.readers import ParquetSpan, fixed_size_lists, span_reader
 from tests.stream_helpers import MemoryReader, loop_batches
 from tests.test_stream_remote import write_jsonl, write_parquet
 
@@ -283,3 +283,59 @@ def test_shards_of_other_schemas_are_gathered_shard_by_shard(tmp_path: Path) -> 
     assert [record["x"] for record, _ in delivered] == [
         record["x"] for record, _ in parquet_stream(paths, EagerParquet(), window=2, yield_keys=True).iter_worker(0, 1)
     ]
+
+
+LISTS = st.lists(st.one_of(st.none(), st.integers(-5, 5)), min_size=0, max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(0, 6).flatmap(lambda n: st.lists(st.tuples(LISTS, st.none() | LISTS, st.lists(LISTS, max_size=2)),
+                                                      min_size=n, max_size=n)),
+    same_length=st.booleans(), data=st.data(),
+)  # fmt: skip
+def test_list_columns_of_one_length_are_taken_as_fixed_size_lists_with_the_same_records(
+    rows: list[tuple[list[int | None], list[int | None] | None, list[list[int | None]]]],
+    same_length: bool,
+    data: st.DataObject,
+) -> None:
+    import pyarrow as pa
+
+    if same_length and rows:  # every row's first column as long as the first row's: the column is cast
+        rows = [((a + [0] * len(rows[0][0]))[: len(rows[0][0])], b, c) for a, b, c in rows]
+    table = pa.table({"a": pa.array([r[0] for r in rows], pa.list_(pa.int64())),
+                      "b": pa.array([r[1] for r in rows], pa.large_list(pa.int64())),
+                      "c": pa.array([r[2] for r in rows], pa.list_(pa.list_(pa.int64())))})  # fmt: skip
+    fixed = fixed_size_lists(table)
+    order = pa.array(data.draw(st.permutations(range(len(rows)))), pa.int64())
+    assert fixed.take(order).to_pylist() == table.take(order).to_pylist()
+    assert fixed.to_pylist() == table.to_pylist() and fixed.schema.names == table.schema.names
+    if same_length and rows:
+        assert fixed.schema.field("a").type == pa.list_(pa.int64(), len(rows[0][0]))
+
+
+def test_a_list_column_of_mixed_lengths_or_nulls_stays_as_it_is() -> None:
+    import pyarrow as pa
+
+    table = pa.table({"mixed": [[1], [2, 3]], "null": [[1, 2], None], "same": [[1, 2], [3, 4]]})
+    fixed = fixed_size_lists(table)
+    assert fixed.schema.field("mixed").type == table.schema.field("mixed").type
+    assert fixed.schema.field("null").type == table.schema.field("null").type
+    assert fixed.schema.field("same").type == pa.list_(pa.int64(), 2)
+
+
+def test_a_stream_of_embeddings_delivers_the_records_of_eager_reads(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = []
+    for i in range(4):  # shard 2's vectors are not all one length: its window is joined and not cast
+        ids = list(range(i * ROWS, (i + 1) * ROWS))
+        vectors = [[float(x)] * (3 if i != 2 or x % 5 else 2) for x in ids]
+        paths.append(str(tmp_path / f"{i}.parquet"))
+        pq.write_table(pa.table({"x": ids, "v": vectors}), paths[-1], row_group_size=4)
+    for window in (1, 2, 4):
+        delivered = list(parquet_stream(paths, ParquetReader(), window=window).iter_worker(0, 1))
+        assert delivered == list(parquet_stream(paths, EagerParquet(), window=window).iter_worker(0, 1))
+        assert sorted(record["x"] for record in delivered) == list(range(4 * ROWS))
+        assert all(record["v"] == [float(record["x"])] * len(record["v"]) for record in delivered)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,8 +99,9 @@ def test_killing_verify_ends_every_process_of_its_run_and_sigterm_removes_its_wo
     # Killed while the run that is to be killed at its pause starts: before the fix that run,
     # in its own session, outlived verify and then blocked forever opening the FIFO to tell it.
     config = digits_config(tmp_path, max_epochs=1, batch_size=256, every_n_train_steps=3)
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
+    # A short TMPDIR: the run's DataLoader workers put their sockets there, and a socket path has at most
+    # 107 bytes (a deep pytest directory made them fail, and the run wait forever for its first batch).
+    temporary = Path(tempfile.mkdtemp(prefix="verify-"))
     command = [sys.executable, "-m", "stateful_sampler.cli", "verify", "--config", str(config)]
     verify = subprocess.Popen(command, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(temporary)})
     run = None
@@ -116,6 +119,7 @@ def test_killing_verify_ends_every_process_of_its_run_and_sigterm_removes_its_wo
             verify.wait()
         if run is not None and group_members(run):
             os.killpg(run, signal.SIGKILL)  # leave nothing behind when the test fails
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 def test_a_run_whose_verify_is_gone_kills_its_whole_process_group() -> None:

@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -84,13 +85,17 @@ class ShardCache:
         self._keys: dict[str, tuple[str, int]] = {}  # shard -> (key, size): one stat per shard and process
         self._pin_name = ""
         self._pinned_now: frozenset[str] = frozenset()  # the keys this reader's pin file holds
+        # Pins are numbered as windows are entered; one written behind the reads never replaces a later one.
+        self._pins_asked = self._pin_written = 0
+        self._pin_lock: tuple[int, threading.Lock] | None = None
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
         self._pending: list[Future[Any]] = []
 
     def __getstate__(self) -> dict[str, Any]:
         """A DataLoader worker gets the keys already known, but its own pin and prefetch thread."""
         state = self.__dict__.copy()
-        state.update(_pin_name="", _pinned_now=frozenset(), _pool=None, _pending=[])
+        state.update(_pin_name="", _pinned_now=frozenset(), _pins_asked=0, _pin_written=0, _pin_lock=None, _pool=None,
+                     _pending=[])  # fmt: skip
         return state
 
     # -- the reader protocol
@@ -109,16 +114,21 @@ class ShardCache:
         return self._read(span_reader(self.reader), shard, start, stop)
 
     def _read(self, read: Callable[[str, int, int], Sequence[Any]], shard: str, start: int, stop: int) -> Sequence[Any]:
+        path = self.fetch(shard)
         try:
-            return read(str(self.fetch(shard)), start, stop)
-        except FileNotFoundError:  # evicted between fetch and open by a reader that does not pin
-            return read(str(self.fetch(shard)), start, stop)
+            return read(str(path), start, stop)
+        except Exception:  # a reader may wrap the FileNotFoundError (ParquetReader: ShardReadError)
+            if path.exists():
+                raise
+        # The copy went between fetch and open (evicted by a process that does not pin it): fetched again.
+        return read(str(self.fetch(shard)), start, stop)
 
     def enter_window(self, shards: Sequence[str], next_shards: Sequence[str]) -> None:
         """Pin this window's and the next window's shards; fetch in the background, one at a time and in
         this order, this window's missing shards after the first (the reader's first read fetches that
         one meanwhile, then decodes each shard as it arrives), then the next window's."""
         keys = [self._key(shard)[0] for shard in (*shards, *next_shards)]
+        self._pins_asked += 1
         wanted = [*shards[1:], *next_shards] if self.prefetch else []
         # Only shards not yet here: a warm cache fetches nothing in the background.
         tasks: list[Callable[[], Any]] = [
@@ -128,9 +138,9 @@ class ShardCache:
             # This window is pinned already (the last window's pin had it as the next one): the new pin
             # (a file write, milliseconds on some disks) is written behind the reads, before the
             # prefetch of the next window that it protects.
-            tasks.insert(0, partial(self._pin, keys))
+            tasks.insert(0, partial(self._pin, keys, self._pins_asked))
         else:
-            self._pin(keys)
+            self._pin(keys, self._pins_asked)
         if tasks:
             pool = self._executor()
             self._pending = [future for future in self._pending if not future.done()]
@@ -248,11 +258,16 @@ class ShardCache:
         with open(self.directory / "fetched.log", "a") as log:
             log.write(f"{size} {shard}\n")
 
-    def _pin(self, keys: list[str]) -> None:
-        if not self._pin_name.startswith(f"{os.getpid()}-"):  # a forked worker pins under its own name
-            self._pin_name = f"{os.getpid()}-{next(_readers)}.json"
-        _write_atomic(self.directory / "pins" / self._pin_name, json.dumps(keys))
-        self._pinned_now = frozenset(keys)
+    def _pin(self, keys: list[str], asked: int) -> None:
+        """Write the pin of the ``asked``-th window entered, unless a later window's is written already: a pin
+        left behind the reads in the prefetch thread must not unpin the window the reader went on to."""
+        with self._lock():
+            if not self._pin_name.startswith(f"{os.getpid()}-"):  # a forked worker pins under its own name
+                self._pin_name, self._pin_written = f"{os.getpid()}-{next(_readers)}.json", 0
+            if asked < self._pin_written:
+                return
+            _write_atomic(self.directory / "pins" / self._pin_name, json.dumps(keys))
+            self._pinned_now, self._pin_written = frozenset(keys), asked
 
     def _holds(self, keys: Sequence[str]) -> bool:
         """This process's pin file holds ``keys`` (a forked worker has no pin of its parent's)."""
@@ -272,6 +287,11 @@ class ShardCache:
             except (FileNotFoundError, ValueError):
                 continue
         return pinned
+
+    def _lock(self) -> threading.Lock:
+        if self._pin_lock is None or self._pin_lock[0] != os.getpid():  # a forked worker's own, never held at fork
+            self._pin_lock = (os.getpid(), threading.Lock())
+        return self._pin_lock[1]
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None or self._pool[0] != os.getpid():  # a forked worker has no thread of its parent's
