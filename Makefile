@@ -17,8 +17,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# The suite's test files on TEST_WORKERS processes (pytest-xdist), each file on one worker (its module
+# fixtures run once); tests/conftest.py hands out the files with the most slow tests first.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The stream benchmark's peers (litdata, mosaicml-streaming, HF datasets with torchdata) in a venv
 # of their own: in .venv they would replace torch 2.13.0 (docs/streaming.md, "Side by side").

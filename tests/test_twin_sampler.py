@@ -171,6 +171,7 @@ def _machine(kind: str) -> type[SamplerTwins]:
 MACHINES = {kind: _machine(kind) for kind in KINDS}
 
 
+@pytest.mark.slow  # exhaustive: 1,050 runs
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_restored_sampler_behaves_as_the_live_one_for_every_later_call(kind: str) -> None:
     MACHINES[kind].TestCase().runTest()
