@@ -159,7 +159,7 @@ def test_carry_rolls_split_rows_into_the_next_epoch_and_whole_rows_refuse_it():
         (lambda: PackedRows([], 8), "at least one record"),
         (lambda: PackedRows([[1, 2]], 8), "1-D"),
         (lambda: PackedRows([1.5], 8), "integer token counts"),
-        (lambda: PackedRows([3, 2], 0), "seq_len must be at least 1, got 0"),
+        (lambda: PackedRows([3, 2], 0), "seq_len must be at least 1 and at most 4611686018427387903, got 0"),
         (lambda: PackedRows([3, 2], 8, window=0), "window must be at least 1"),
         (
             lambda: PackedRows([3, 20, 2, 30], 8, split_records=False),

@@ -11,7 +11,7 @@ from typing import Any
 
 from stateful_sampler.checks import check_bool, check_int
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.lengths import refuse_longer, token_lengths
+from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
 from stateful_sampler.order.rows import RowOrder, Slice
 from stateful_sampler.row_sampler import KeyedList, RowSampler
 
@@ -60,7 +60,7 @@ class PackedRows(RowSampler):
         truncate: bool = False,
     ) -> None:
         array = token_lengths(lengths)
-        self.seq_len = check_int("seq_len", seq_len, minimum=1)
+        self.seq_len = check_int("seq_len", seq_len, minimum=1, maximum=MAX_TOKENS)
         self.split_records = check_bool("split_records", split_records)
         check_bool("truncate", truncate)
         if truncate and split_records:

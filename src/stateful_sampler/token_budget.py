@@ -13,7 +13,7 @@ from typing import Any
 
 from stateful_sampler.checks import check_bool, check_int
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.lengths import refuse_longer, token_lengths
+from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
 from stateful_sampler.order.rows import RowOrder
 from stateful_sampler.packed_rows import DEFAULT_WINDOW
 from stateful_sampler.row_sampler import KeyedList, RowSampler
@@ -58,7 +58,7 @@ class TokenBudgetBatches(RowSampler):
         yield_keys: bool = False,
     ) -> None:
         array = token_lengths(lengths)
-        self.max_tokens = check_int("max_tokens", max_tokens, minimum=1)
+        self.max_tokens = check_int("max_tokens", max_tokens, minimum=1, maximum=MAX_TOKENS)
         self.padded = check_bool("padded", padded)
         refuse_longer(array, self.max_tokens, "max_tokens", "every batch holds whole records: raise max_tokens")
         self.keyed = check_bool("yield_keys", yield_keys)
