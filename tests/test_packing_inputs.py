@@ -139,3 +139,46 @@ def test_any_valid_lengths_give_each_record_whole_once_per_epoch(lengths, world_
     _covers_each_token_once(plans, lengths)
     batches = TokenBudgetBatches(lengths, capacity, padded=padded, window=window)
     assert sorted(record for batch in batches for record in batch) == list(range(len(lengths)))
+
+
+def _lookups():
+    rows = PackedRows([5, 3, 8, 2], 6, seed=1)
+    whole = PackedRows([5, 3, 8, 2], 8, seed=1, split_records=False)
+    batches = TokenBudgetBatches([5, 3, 8, 2], 8, seed=1)
+    return [(rows.plan, "row", "rows"), (whole.plan, "row", "rows"), (batches.batch, "index", "batches")]
+
+
+@pytest.mark.parametrize("lookup", range(3), ids=["split-plan", "whole-plan", "batch"])
+def test_a_row_lookup_out_of_range_is_refused_naming_the_argument_and_the_range(lookup):
+    call, name, unit = _lookups()[lookup]
+    count = call.__self__.rows_in_epoch(0)
+    assert count == 3
+    for row in (-1, -(2**70), count, count + 1, 2**70):
+        with pytest.raises(IndexError, match=re.escape(f"{name} must lie in [0, 3), the {unit} of epoch 0 over all ranks, got {row}")):  # fmt: skip
+            call(0, row)
+    for epoch, shown in ((-1, "-1"), (2**62, str(2**62)), (2**64, str(2**64))):
+        with pytest.raises(ValueError, match=re.escape(f"epoch must be at least 0 and at most {2**62 - 1}, got {shown}")):  # fmt: skip
+            call(epoch, 0)
+    with pytest.raises(ValueError, match="^epoch must be"):
+        call.__self__.rows_in_epoch(-1)
+    with pytest.raises(TypeError, match=re.escape(f"{name} must be an int, got float 1.0")):
+        call(0, 1.0)
+    assert [call(0, np.int64(row)) for row in range(count)] == [call(0, row) for row in range(count)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=40), st.booleans(), st.integers(1, 8), st.data())
+def test_any_row_outside_the_epoch_is_refused_and_every_row_inside_is_the_one_iterated(lengths, split, window, data):
+    rows = PackedRows(lengths, 30, split_records=split, window=window, seed=4)
+    batches = TokenBudgetBatches(lengths, 30, window=window, seed=4)
+    for sampler, lookup, name in ((rows, rows.plan, "row"), (batches, batches.batch, "index")):
+        epoch = data.draw(st.integers(0, 3))
+        fresh = type(sampler)(
+            lengths, 30, window=window, seed=4, **({"split_records": split} if sampler is rows else {})
+        )
+        count = sampler.rows_in_epoch(epoch)
+        row = data.draw(st.one_of(st.integers(max_value=-1), st.integers(min_value=count)))
+        with pytest.raises(IndexError, match=f"^{name} must lie in \\[0, {count}\\)"):
+            fresh.plan(epoch, row) if sampler is rows else fresh.batch(epoch, row)  # a fresh object: no start known
+        sampler.set_epoch(epoch)
+        assert [list(item) for item in sampler] == [lookup(epoch, at) for at in range(count)]

@@ -82,5 +82,6 @@ class PackedRows(RowSampler):
         return RowPlan(self.strategy.rows(key.epoch).row(key.index), key)
 
     def plan(self, epoch: int, row: int) -> list[Slice]:
-        """Row ``row`` of ``epoch`` (over all ranks), without moving the cursor."""
-        return self.strategy.rows(epoch).row(row)
+        """Row ``row`` of ``epoch`` (over all ranks), without moving the cursor; ``IndexError`` for a row the
+        epoch does not have (``rows_in_epoch(epoch)`` rows)."""
+        return self._pass_rows(epoch, row, "row", "rows").row(row)

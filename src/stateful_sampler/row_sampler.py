@@ -13,11 +13,14 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Iterator, Mapping
+from numbers import Integral
 from typing import Any
 
+from stateful_sampler.checks import check_int
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.rows import RowOrder
+from stateful_sampler.order.layout import MAX_EPOCH
+from stateful_sampler.order.rows import PassRows, RowOrder
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.state import SamplerState
 
@@ -72,7 +75,20 @@ class RowSampler(StatefulSampler):
 
     def rows_in_epoch(self, epoch: int | None = None) -> int:
         """Rows (or batches) of an epoch over all ranks, before padding."""
-        return self.strategy.rows(self.epoch if epoch is None else epoch).count()
+        return self.strategy.rows(self.epoch if epoch is None else check_int("epoch", epoch, maximum=MAX_EPOCH)).count()
+
+    def _pass_rows(self, epoch: Any, row: Any, name: str, unit: str) -> PassRows:
+        """Epoch ``epoch``'s rows, once ``epoch`` and ``row`` (the argument ``name``) are checked to be one of
+        them: a row lookup never answers for a row the epoch does not have."""
+        epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
+        if isinstance(row, bool) or not isinstance(row, Integral):
+            raise TypeError(f"{name} must be an int, got {type(row).__name__} {row!r}")
+        rows = self.strategy.rows(epoch)
+        if not rows.has_row(int(row)):
+            raise IndexError(
+                f"{name} must lie in [0, {rows.count()}), the {unit} of epoch {epoch} over all ranks, got {row}"
+            )
+        return rows
 
     def _saved_state(self, cursor: Any) -> dict[str, Any]:
         state = super()._saved_state(cursor)

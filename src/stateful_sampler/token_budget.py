@@ -81,5 +81,6 @@ class TokenBudgetBatches(RowSampler):
         return Batch([SampleKey(record, key.seed, key.epoch, key.position, key.is_padding) for record in records], key)
 
     def batch(self, epoch: int, index: int) -> list[int]:
-        """Batch ``index`` of ``epoch`` (over all ranks), without moving the cursor."""
-        return self.strategy.rows(epoch).batch(index)
+        """Batch ``index`` of ``epoch`` (over all ranks), without moving the cursor; ``IndexError`` for a batch
+        the epoch does not have (``rows_in_epoch(epoch)`` batches)."""
+        return self._pass_rows(epoch, index, "index", "batches").batch(index)
