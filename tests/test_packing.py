@@ -120,7 +120,7 @@ def test_the_state_is_a_few_hundred_bytes_and_covers_the_lengths():
     assert len(json.dumps(state)) < 600
     other = lengths.copy()
     other[17] += 1
-    with pytest.raises(IncompatibleStateError, match="strategy_fingerprint"):
+    with pytest.raises(IncompatibleStateError, match="packing.settings.lengths"):
         PackedRows(other, 512, split_records=False, batch_size=8).load_state_dict(state)
     with pytest.raises(IncompatibleStateError, match="seed"):
         PackedRows(lengths, 512, split_records=False, batch_size=8, seed=1).load_state_dict(state)

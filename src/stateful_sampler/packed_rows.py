@@ -78,6 +78,16 @@ class PackedRows(RowSampler):
         )
         super().__init__(order, num_replicas=num_replicas, rank=rank, tail=tail, batch_size=batch_size)
 
+    def _settings(self) -> dict[str, Any]:
+        order = self.strategy
+        return {
+            "seq_len": self.seq_len,
+            "split_records": self.split_records,
+            "window": order.window,
+            "truncate": order.truncate,
+            "lengths": order.digest[:16],
+        }
+
     def _item(self, key: SampleKey) -> RowPlan:
         return RowPlan(self.strategy.rows(key.epoch).row(key.index), key)
 

@@ -74,6 +74,15 @@ class TokenBudgetBatches(RowSampler):
         # one item is one batch: ResumableLoader counts batches as items
         super().__init__(order, num_replicas=num_replicas, rank=rank, tail=tail, batch_size=1)
 
+    def _settings(self) -> dict[str, Any]:
+        order = self.strategy
+        return {
+            "max_tokens": self.max_tokens,
+            "padded": self.padded,
+            "window": order.window,
+            "lengths": order.digest[:16],
+        }
+
     def _item(self, key: SampleKey) -> Batch:
         records = self.strategy.rows(key.epoch).batch(key.index)
         if not self.keyed:

@@ -69,7 +69,7 @@ class RowOrder(Strategy):
         self.truncate = truncate
         self.passes_vary = not split
         self.tokens = int(lengths.sum(dtype=np.int64))
-        self._digest = lengths_digest(lengths)
+        self.digest = lengths_digest(lengths)  # of the values: what a state records as its lengths
         self._passes: OrderedDict[int, PassRows] = OrderedDict()
 
     def __repr__(self) -> str:
@@ -86,7 +86,7 @@ class RowOrder(Strategy):
         return _rows_themselves
 
     def _identity(self) -> tuple[Any, ...]:
-        return (self._digest, len(self.lengths), self.capacity, self.split, self.window, self.padded, self.truncate)
+        return (self.digest, len(self.lengths), self.capacity, self.split, self.window, self.padded, self.truncate)
 
     def rows(self, pass_index: int) -> PassRows:
         """Pass ``pass_index``'s rows (the last few passes are kept)."""
