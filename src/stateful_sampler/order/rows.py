@@ -38,8 +38,9 @@ class RowOrder(Strategy):
     """Rows of ``capacity`` tokens (or batches of cost at most ``capacity``) over windows of the shuffle.
 
     Args:
-        lengths: tokens per record, each at least 1 (checked by the caller: ``lengths.token_lengths``).
-        capacity: tokens per row (``seq_len``), or the batch budget (``max_tokens``).
+        lengths: tokens per record, each at least 1 and all of them at most 2**62 - 1 (``lengths.MAX_TOKENS``,
+            checked by the caller: ``lengths.token_lengths``), so every offset below stays within int64.
+        capacity: tokens per row (``seq_len``), or the batch budget (``max_tokens``), at most 2**62 - 1.
         seed: the sampler's seed (a pass's row count depends on it).
         split: concatenate and cut (``True``), or pack whole records (``False``).
         window: shuffle positions per window.
