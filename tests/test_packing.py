@@ -120,7 +120,7 @@ def test_the_state_is_a_few_hundred_bytes_and_covers_the_lengths():
     assert len(json.dumps(state)) < 600
     other = lengths.copy()
     other[17] += 1
-    with pytest.raises(IncompatibleStateError, match="strategy_fingerprint"):
+    with pytest.raises(IncompatibleStateError, match="packing.settings.lengths"):
         PackedRows(other, 512, split_records=False, batch_size=8).load_state_dict(state)
     with pytest.raises(IncompatibleStateError, match="seed"):
         PackedRows(lengths, 512, split_records=False, batch_size=8, seed=1).load_state_dict(state)
@@ -159,7 +159,7 @@ def test_carry_rolls_split_rows_into_the_next_epoch_and_whole_rows_refuse_it():
         (lambda: PackedRows([], 8), "at least one record"),
         (lambda: PackedRows([[1, 2]], 8), "1-D"),
         (lambda: PackedRows([1.5], 8), "integer token counts"),
-        (lambda: PackedRows([3, 2], 0), "seq_len must be at least 1, got 0"),
+        (lambda: PackedRows([3, 2], 0), "seq_len must be at least 1 and at most 4611686018427387903, got 0"),
         (lambda: PackedRows([3, 2], 8, window=0), "window must be at least 1"),
         (
             lambda: PackedRows([3, 20, 2, 30], 8, split_records=False),
@@ -253,3 +253,67 @@ def test_a_resume_into_a_later_epoch_never_walks_the_windows_of_the_epoch_the_sa
     with pytest.raises(IncompatibleStateError, match="position"):
         refused.load_state_dict(bad)
     assert refused.epoch == 0  # a refused state leaves the sampler where it was
+
+
+def _whole(epoch):
+    return epoch.epoch, epoch.rows, epoch.padding_rows, epoch.tokens, epoch.cost, epoch.capacity, epoch.steps
+
+
+def _fed(plans, lengths, capacity, padded=False):
+    """(rows, padding rows, real tokens, cost) of the plans or batches actually fed, counted from them."""
+    real = [plan for plan in plans if not plan.is_padding]
+    if isinstance(real[0][0], tuple):
+        tokens = sum(stop - start for plan in real for _, start, stop in plan)
+        return len(real), len(plans) - len(real), tokens, tokens
+    tokens = sum(int(lengths[r]) for batch in real for r in batch)
+    cost = sum(max(int(lengths[r]) for r in b) * len(b) if padded else sum(int(lengths[r]) for r in b) for b in real)
+    return len(real), len(plans) - len(real), tokens, cost
+
+
+@pytest.mark.parametrize(
+    ("make", "tail"),
+    [
+        (lambda lengths, **kw: PackedRows(lengths, 64, window=40, **kw), "pad"),
+        (lambda lengths, **kw: PackedRows(lengths, 64, split_records=False, window=40, **kw), "pad"),
+        (lambda lengths, **kw: PackedRows(lengths, 64, window=40, **kw), "carry"),
+        (lambda lengths, **kw: PackedRows(lengths, 64, split_records=False, window=40, **kw), "drop"),
+    ],
+    ids=["split", "whole", "split-carry", "whole-drop"],
+)
+def test_the_packing_audit_of_a_partly_drawn_or_resumed_sampler_answers_for_the_whole_epoch(make, tail):
+    from stateful_sampler.audit import audit_packing
+
+    lengths = np.random.default_rng(6).integers(1, 60, 301)
+    kwargs = {"tail": tail, "batch_size": 2, "seed": 3}
+    fresh = audit_packing(make(lengths, num_replicas=2, rank=0, **kwargs), epochs=3)
+    live = [make(lengths, num_replicas=2, rank=r, **kwargs) for r in range(2)]
+    drawn = [plan for sampler in live for plan in islice(iter(sampler), 14)]  # 7 batches of 2 on each of 2 ranks
+    partly = audit_packing(live[0], epochs=3)  # partly drawn: the same whole epochs (the numbers were the rest's)
+    assert [_whole(epoch) for epoch in partly] == [_whole(epoch) for epoch in fresh]
+    assert (partly[0].segment_start, partly[0].remaining_steps) == (28, (fresh[0].steps[0] - 14,) * 2)
+    state = json.loads(json.dumps(live[0].state_dict()))
+    resumed = [make(lengths, num_replicas=3, rank=r, **kwargs) for r in range(3)]
+    for sampler in resumed:
+        sampler.load_state_dict(state)
+    audited = audit_packing(resumed[0], epochs=2)
+    rest = [plan for sampler in resumed for plan in sampler]  # what the resumed ranks feed of epoch 0
+    epoch = audited[0]
+    assert (epoch.rows, epoch.padding_rows, epoch.tokens, epoch.cost) == _fed(drawn + rest, lengths, 64)
+    assert epoch.rows + epoch.padding_rows == sum(epoch.steps) == len(drawn) + len(rest)
+    assert (epoch.segment_start, epoch.remaining_steps) == (28, tuple(len(rest) // 3 for _ in range(3)))
+    assert "steps per rank equal" in epoch.summary() and "UNEQUAL" not in epoch.summary()
+    later = [plan for sampler in resumed for plan in sampler]  # epoch 1 on the resumed ranks, from its start
+    assert (audited[1].rows, audited[1].padding_rows, audited[1].tokens) == _fed(later, lengths, 64)[:3]
+
+
+def test_the_token_budget_audit_of_a_partly_drawn_sampler_answers_for_the_whole_epoch():
+    from stateful_sampler import TokenBudgetBatches
+    from stateful_sampler.audit import audit_packing
+
+    lengths = np.random.default_rng(7).integers(1, 200, 500)
+    ranks = [TokenBudgetBatches(lengths, 600, num_replicas=2, rank=r, seed=1) for r in range(2)]
+    fresh = audit_packing(TokenBudgetBatches(lengths, 600, num_replicas=2, rank=0, seed=1))[0]
+    drawn = [batch for sampler in ranks for batch in islice(iter(sampler), 5)]
+    assert _whole(audit_packing(ranks[0])[0]) == _whole(fresh)
+    rest = [batch for sampler in ranks for batch in sampler]
+    assert (fresh.rows, fresh.padding_rows, fresh.tokens, fresh.cost) == _fed(drawn + rest, lengths, 600, padded=True)

@@ -99,7 +99,11 @@ def test_a_callable_schedule_out_of_range_is_refused_when_its_epoch_is_first_ask
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda: Curriculum([0.5, 1.0]), TypeError, "bands must hold integer ids, got dtype float64"),
+        (
+            lambda: Curriculum([0.5, 1.0]),
+            TypeError,
+            "bands must hold integer ids, got dtype float64 with 0.5 at position 0",
+        ),
         (lambda: Curriculum([0, -2]), ValueError, "bands must hold non-negative ids, got -2 at position 1"),
         (
             lambda: Curriculum([0, 1], schedule=[]),

@@ -172,7 +172,11 @@ def test_a_state_from_other_groups_is_refused_naming_the_strategy_fingerprint() 
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda: Grouped([0.5, 1.0]), TypeError, "groups must hold integer ids, got dtype float64"),
+        (
+            lambda: Grouped([0.5, 1.0]),
+            TypeError,
+            "groups must hold integer ids, got dtype float64 with 0.5 at position 0",
+        ),
         (lambda: Grouped(["a", "b"]), TypeError, "groups must hold integer ids, got dtype <U1"),
         (lambda: Grouped([0, -1]), ValueError, "groups must hold non-negative ids, got -1 at position 1"),
         (lambda: Grouped([[0, 1]]), ValueError, r"groups must be 1-D, got shape \(1, 2\)"),

@@ -121,7 +121,7 @@ def test_passes_of_varying_length_give_epochs_of_their_own_length() -> None:
 @pytest.mark.parametrize(
     ("helper", "values", "error", "message"),
     [
-        (id_array, [1.5, 2], TypeError, "labels must hold integer ids, got dtype float64"),
+        (id_array, [1.5, 2], TypeError, "labels must hold integer ids, got dtype float64 with 1.5 at position 0"),
         (id_array, [[1, 2]], ValueError, "labels must be 1-D, got shape (1, 2)"),
         (id_array, [-1, 2], ValueError, "labels must hold non-negative ids, got -1 at position 0"),
         (id_array, "12", TypeError, "labels must be a list, a NumPy array or a 1-D tensor, got str"),

@@ -166,7 +166,7 @@ def test_a_state_of_another_global_batch_or_megabatch_is_refused_by_the_fingerpr
         ([1, 2], {"megabatch": 0}, ValueError, "megabatch must be at least 1, got 0"),
         ([1, 2], {"batch_size": 0}, ValueError, "batch_size must be at least 1, got 0"),
         ([1, -2], {}, ValueError, "lengths must hold non-negative ids, got -2 at position 1"),
-        ([1.5, 2], {}, TypeError, "lengths must hold integer ids, got dtype float64"),
+        ([1.5, 2], {}, TypeError, "lengths must hold integer ids, got dtype float64 with 1.5 at position 0"),
         ([[1, 2]], {}, ValueError, "lengths must be 1-D, got shape (1, 2)"),
         ([1, 2], {"longest_first": 1}, TypeError, "longest_first must be a bool, got int 1"),
     ],

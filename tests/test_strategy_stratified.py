@@ -144,7 +144,7 @@ def test_a_state_from_other_labels_is_refused_naming_the_strategy_fingerprint() 
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda: Stratified([0.5, 1.0]), TypeError, "labels must hold integer ids, got dtype float64"),
+        (lambda: Stratified([0.5, 1.0]), TypeError, "labels must hold integer ids, got dtype float64 with 0.5 at position 0"),
         (lambda: Stratified(["a", "b"]), TypeError, "labels must hold integer ids, got dtype <U1"),
         (lambda: Stratified([0, -1]), ValueError, "labels must hold non-negative ids, got -1 at position 1"),
         (lambda: Stratified([0, 1], mode="even"), ValueError,

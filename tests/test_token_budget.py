@@ -101,7 +101,7 @@ def test_yield_keys_marks_the_padding_batch_for_keyed_datasets():
         (lambda: TokenBudgetBatches([3, 0], 8), "got 0 for record 1"),
         (lambda: TokenBudgetBatches([3, -1], 8), "got -1 for record 1"),
         (lambda: TokenBudgetBatches([3, 4], 2), "record 1 has 4 tokens, more than max_tokens=2 \\(2 records"),
-        (lambda: TokenBudgetBatches([3, 4], 0), "max_tokens must be at least 1, got 0"),
+        (lambda: TokenBudgetBatches([3, 4], 0), "max_tokens must be at least 1 and at most 4611686018427387903, got 0"),
         (lambda: TokenBudgetBatches([3, 4], 8, padded="yes"), "padded must be a bool"),
         (lambda: TokenBudgetBatches([3, 4], 8, tail="nope"), "tail must be one of"),
     ],

@@ -11,7 +11,7 @@ from typing import Any
 
 from stateful_sampler.checks import check_bool, check_int
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.lengths import refuse_longer, token_lengths
+from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
 from stateful_sampler.order.rows import RowOrder, Slice
 from stateful_sampler.row_sampler import KeyedList, RowSampler
 
@@ -60,7 +60,7 @@ class PackedRows(RowSampler):
         truncate: bool = False,
     ) -> None:
         array = token_lengths(lengths)
-        self.seq_len = check_int("seq_len", seq_len, minimum=1)
+        self.seq_len = check_int("seq_len", seq_len, minimum=1, maximum=MAX_TOKENS)
         self.split_records = check_bool("split_records", split_records)
         check_bool("truncate", truncate)
         if truncate and split_records:
@@ -78,9 +78,20 @@ class PackedRows(RowSampler):
         )
         super().__init__(order, num_replicas=num_replicas, rank=rank, tail=tail, batch_size=batch_size)
 
+    def _settings(self) -> dict[str, Any]:
+        order = self.strategy
+        return {
+            "seq_len": self.seq_len,
+            "split_records": self.split_records,
+            "window": order.window,
+            "truncate": order.truncate,
+            "lengths": order.digest[:16],
+        }
+
     def _item(self, key: SampleKey) -> RowPlan:
         return RowPlan(self.strategy.rows(key.epoch).row(key.index), key)
 
     def plan(self, epoch: int, row: int) -> list[Slice]:
-        """Row ``row`` of ``epoch`` (over all ranks), without moving the cursor."""
-        return self.strategy.rows(epoch).row(row)
+        """Row ``row`` of ``epoch`` (over all ranks), without moving the cursor; ``IndexError`` for a row the
+        epoch does not have (``rows_in_epoch(epoch)`` rows)."""
+        return self._pass_rows(epoch, row, "row", "rows").row(row)

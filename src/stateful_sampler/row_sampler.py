@@ -3,26 +3,37 @@
 The sampler strides through row indices as it does through records (tails, ranks, elastic resume,
 keys, ``consumed_batches``); the subclasses turn each row index into what they yield. A row's window
 starts where the windows before it end, which is only known by walking them, so the state gains one
-field, ``packing``: the saved row's window and where it starts, and (whole-record packing) the row
-count of the saved epoch. Loading it makes a resume O(window); it is checked against a hash of the
-order's identity, so a state is never read with another order's anchor.
+field, ``packing``: the saved row's window and where it starts, (whole-record packing) the row count of
+the saved epoch, and the settings that shaped the rows (``seq_len`` or ``max_tokens``, ``window``, ...,
+and a hash of the lengths). Loading it makes a resume O(window); a state packed with other settings is
+refused naming the one that changed, and the anchor is checked against a hash of the order's identity,
+so a state is never read with another order's anchor.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from collections.abc import Iterator, Mapping
+from numbers import Integral
 from typing import Any
 
+from stateful_sampler.checks import check_int
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.rows import RowOrder
+from stateful_sampler.order.layout import MAX_EPOCH
+from stateful_sampler.order.rows import PassRows, RowOrder
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.state import SamplerState
 
-PACKING_VERSION = 1
-_FIELDS = ("version", "pass", "window", "start", "rows", "check")
+# 2 (0.3.0) added ``settings``, so that a resume with another seq_len, window or lengths names the setting;
+# version 1 anchors (0.2.0) still load: without settings, a change is refused by the strategy's fingerprint.
+PACKING_VERSION = 2
+_FIELDS = {
+    1: ("version", "pass", "window", "start", "rows", "check"),
+    2: ("version", "pass", "window", "start", "rows", "settings", "check"),
+}
 _IDENTITY = ("size", "seed", "strategy", "strategy_fingerprint")
 
 
@@ -70,9 +81,27 @@ class RowSampler(StatefulSampler):
     def _item(self, key: SampleKey) -> Any:
         raise NotImplementedError
 
+    def _settings(self) -> dict[str, Any]:
+        """The settings that shape the rows, by the names the constructor takes them (``lengths``: a hash of
+        their values): what a saved state records, so that a resume with another one is refused naming it."""
+        raise NotImplementedError
+
     def rows_in_epoch(self, epoch: int | None = None) -> int:
         """Rows (or batches) of an epoch over all ranks, before padding."""
-        return self.strategy.rows(self.epoch if epoch is None else epoch).count()
+        return self.strategy.rows(self.epoch if epoch is None else check_int("epoch", epoch, maximum=MAX_EPOCH)).count()
+
+    def _pass_rows(self, epoch: Any, row: Any, name: str, unit: str) -> PassRows:
+        """Epoch ``epoch``'s rows, once ``epoch`` and ``row`` (the argument ``name``) are checked to be one of
+        them: a row lookup never answers for a row the epoch does not have."""
+        epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
+        if isinstance(row, bool) or not isinstance(row, Integral):
+            raise TypeError(f"{name} must be an int, got {type(row).__name__} {row!r}")
+        rows = self.strategy.rows(epoch)
+        if not rows.has_row(int(row)):
+            raise IndexError(
+                f"{name} must lie in [0, {rows.count()}), the {unit} of epoch {epoch} over all ranks, got {row}"
+            )
+        return rows
 
     def _saved_state(self, cursor: Any) -> dict[str, Any]:
         state = super()._saved_state(cursor)
@@ -86,12 +115,19 @@ class RowSampler(StatefulSampler):
             )
         state = dict(state)
         packing = state.pop("packing", "<missing>")
+        self._refuse_changed_settings(packing, state.get("size"))
         mine = {"size": self.size, "seed": self.seed, "strategy": self.strategy.name}
         mine["strategy_fingerprint"] = self.strategy.fingerprint()
         for name in _IDENTITY:
             if name in state and state[name] != mine[name]:
-                raise IncompatibleStateError(name, state[name], mine[name], "the state belongs to another order")
-        anchor = _checked_anchor(packing, self._check_word())
+                reason = "the state belongs to another order"
+                if name == "strategy_fingerprint" and isinstance(packing, Mapping) and packing.get("version") == 1:
+                    reason += (
+                        f"; a version 1 packing state (0.2.0) does not record its settings: one of "
+                        f"{', '.join(self._settings())} differs from the saved run's"
+                    )
+                raise IncompatibleStateError(name, state[name], mine[name], reason)
+        anchor = _checked_anchor(packing, self._check_word(), self._settings())
         rows = self.strategy.rows(anchor["pass"])
         if anchor["window"] >= rows.starts.count:
             raise IncompatibleStateError("packing.window", anchor["window"], f"below {rows.starts.count} windows")
@@ -108,6 +144,28 @@ class RowSampler(StatefulSampler):
         self.set_epoch(epoch)
         super().load_state_dict(state)
 
+    def _refuse_changed_settings(self, packing: Any, saved_size: Any) -> None:
+        """Refuse a state whose rows were packed with other settings, naming the first that changed; an
+        anchor that is no version 2 anchor is left to ``_checked_anchor``, which names what is wrong with it."""
+        if not isinstance(packing, Mapping) or packing.get("version") != 2:
+            return
+        saved = packing.get("settings")
+        if not isinstance(saved, Mapping):
+            return
+        for name, value in self._settings().items():
+            if name in saved and saved[name] != value:
+                if name == "lengths":
+                    reason = (
+                        f"the lengths are not the saved run's ({saved_size} records saved, {self.size} here; "
+                        f"compared by a hash of their values): resume with the lengths it was saved with"
+                    )
+                else:
+                    reason = (
+                        f"the saved run's rows were packed with {name}={saved[name]!r}: build the sampler with "
+                        f"{name}={saved[name]!r} to resume it (another {name} is another order)"
+                    )
+                raise IncompatibleStateError(f"packing.settings.{name}", saved[name], value, reason)
+
     def _anchor(self, state: dict[str, Any]) -> dict[str, Any]:
         pass_index, row = self._row_at(state)
         rows = self.strategy.rows(pass_index)
@@ -115,6 +173,7 @@ class RowSampler(StatefulSampler):
         count = None if self.strategy.split else rows.count()
         anchor: dict[str, Any] = {"version": PACKING_VERSION, "pass": pass_index, "window": window, "start": start}
         anchor["rows"] = count
+        anchor["settings"] = self._settings()
         anchor["check"] = _check(self._check_word(), anchor)
         return anchor
 
@@ -132,23 +191,33 @@ class RowSampler(StatefulSampler):
 
 
 def _check(word: str, anchor: Mapping[str, Any]) -> str:
-    values = "|".join(str(anchor[name]) for name in _FIELDS[:-1])
+    fields = _FIELDS[anchor["version"]]
+    values = "|".join(_canonical(anchor[name]) for name in fields[:-1])
     return hashlib.blake2b(f"{word}|{values}".encode(), digest_size=8).hexdigest()
 
 
-def _checked_anchor(packing: Any, word: str) -> dict[str, Any]:
-    """The saved anchor, refused unless it is exactly a version-1 anchor of this order."""
+def _canonical(value: Any) -> str:
+    """A value as the check hashes it: settings whatever order a serialiser kept their keys in."""
+    return json.dumps(dict(value), sort_keys=True) if isinstance(value, Mapping) else str(value)
+
+
+def _checked_anchor(packing: Any, word: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The saved anchor, refused unless it is exactly a version 1 or 2 anchor of this order."""
     if not isinstance(packing, Mapping):
         raise IncompatibleStateError("packing", packing, "the anchor a row sampler's state_dict() saves")
-    if set(packing) != set(_FIELDS):
-        raise IncompatibleStateError("packing", sorted(packing), list(_FIELDS), "not a packing anchor")
-    if packing["version"] != PACKING_VERSION:
-        raise IncompatibleStateError("packing.version", packing["version"], PACKING_VERSION, "unknown anchor version")
+    version = packing.get("version", "<missing>")
+    if type(version) is not int or version not in _FIELDS:
+        raise IncompatibleStateError("packing.version", version, PACKING_VERSION, "unknown anchor version")
+    fields = _FIELDS[version]
+    if set(packing) != set(fields):
+        raise IncompatibleStateError("packing", sorted(packing), list(fields), f"not a version {version} anchor")
     for name in ("pass", "window", "start"):
         if type(packing[name]) is not int or packing[name] < 0:
             raise IncompatibleStateError(f"packing.{name}", packing[name], "a non-negative int")
     if packing["rows"] is not None and (type(packing["rows"]) is not int or packing["rows"] < 1):
         raise IncompatibleStateError("packing.rows", packing["rows"], "a positive int or None")
+    if version > 1 and (not isinstance(packing["settings"], Mapping) or set(packing["settings"]) != set(settings)):
+        raise IncompatibleStateError("packing.settings", packing["settings"], dict(settings), "not this sampler's")
     if packing["check"] != _check(word, packing):
         raise IncompatibleStateError(
             "packing.check", packing["check"], _check(word, packing), "the anchor was altered, or is another order's"

@@ -13,7 +13,7 @@ from typing import Any
 
 from stateful_sampler.checks import check_bool, check_int
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.lengths import refuse_longer, token_lengths
+from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
 from stateful_sampler.order.rows import RowOrder
 from stateful_sampler.packed_rows import DEFAULT_WINDOW
 from stateful_sampler.row_sampler import KeyedList, RowSampler
@@ -58,7 +58,7 @@ class TokenBudgetBatches(RowSampler):
         yield_keys: bool = False,
     ) -> None:
         array = token_lengths(lengths)
-        self.max_tokens = check_int("max_tokens", max_tokens, minimum=1)
+        self.max_tokens = check_int("max_tokens", max_tokens, minimum=1, maximum=MAX_TOKENS)
         self.padded = check_bool("padded", padded)
         refuse_longer(array, self.max_tokens, "max_tokens", "every batch holds whole records: raise max_tokens")
         self.keyed = check_bool("yield_keys", yield_keys)
@@ -74,6 +74,15 @@ class TokenBudgetBatches(RowSampler):
         # one item is one batch: ResumableLoader counts batches as items
         super().__init__(order, num_replicas=num_replicas, rank=rank, tail=tail, batch_size=1)
 
+    def _settings(self) -> dict[str, Any]:
+        order = self.strategy
+        return {
+            "max_tokens": self.max_tokens,
+            "padded": self.padded,
+            "window": order.window,
+            "lengths": order.digest[:16],
+        }
+
     def _item(self, key: SampleKey) -> Batch:
         records = self.strategy.rows(key.epoch).batch(key.index)
         if not self.keyed:
@@ -81,5 +90,6 @@ class TokenBudgetBatches(RowSampler):
         return Batch([SampleKey(record, key.seed, key.epoch, key.position, key.is_padding) for record in records], key)
 
     def batch(self, epoch: int, index: int) -> list[int]:
-        """Batch ``index`` of ``epoch`` (over all ranks), without moving the cursor."""
-        return self.strategy.rows(epoch).batch(index)
+        """Batch ``index`` of ``epoch`` (over all ranks), without moving the cursor; ``IndexError`` for a batch
+        the epoch does not have (``rows_in_epoch(epoch)`` batches)."""
+        return self._pass_rows(epoch, index, "index", "batches").batch(index)

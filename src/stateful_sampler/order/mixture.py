@@ -23,6 +23,7 @@ import numpy as np
 
 from stateful_sampler.checks import check_int
 from stateful_sampler.order.mixing import Domain, derive_seed
+from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.quota import QuotaPeriod, rational_weights
 from stateful_sampler.order.ragged import RaggedPermutation
 from stateful_sampler.order.strategy import PassOrder, Strategy, id_array, weight_array
@@ -53,6 +54,9 @@ class Mixture(Strategy):
         if not self.sizes.size or empty.size:
             where = f"source {int(empty[0])} has 0 records" if empty.size else "no sources"
             raise ValueError(f"sizes must hold at least one source, each of at least 1 record, got {where}")
+        total = sum(self.sizes.tolist())  # Python ints: a sum past int64 would wrap to another total
+        if total >= MAX_SIZE:
+            raise ValueError(f"sizes must add up to fewer than 2**62 records (a dataset's N), got {total}")
         self.num_samples = check_int("num_samples", num_samples, minimum=1)
         self.offsets = np.cumsum(self.sizes) - self.sizes
         changes = dict(schedule or {})
@@ -71,6 +75,10 @@ class Mixture(Strategy):
         array = weight_array(name, weights)
         if len(array) != len(self.sizes):
             raise ValueError(f"{name} must have one entry per source: {len(self.sizes)} sources, got {len(array)}")
+        with np.errstate(over="ignore"):
+            overflows = not np.isfinite(array.sum())
+        if overflows:
+            array = array / array.max()  # the same ratios, with a sum that does not overflow
         return array
 
     def _segment_draws(self) -> list[np.ndarray]:
@@ -114,7 +122,7 @@ class Mixture(Strategy):
         return bisect_right(self._starts, epoch) - 1
 
     def check(self, size: int) -> None:
-        total = int(self.sizes.sum())
+        total = sum(self.sizes.tolist())
         if total != size:
             raise ValueError(f"sizes must add up to the dataset's N = {size}, got {total}")
 

@@ -38,8 +38,9 @@ class RowOrder(Strategy):
     """Rows of ``capacity`` tokens (or batches of cost at most ``capacity``) over windows of the shuffle.
 
     Args:
-        lengths: tokens per record, each at least 1 (checked by the caller: ``lengths.token_lengths``).
-        capacity: tokens per row (``seq_len``), or the batch budget (``max_tokens``).
+        lengths: tokens per record, each at least 1 and all of them at most 2**62 - 1 (``lengths.MAX_TOKENS``,
+            checked by the caller: ``lengths.token_lengths``), so every offset below stays within int64.
+        capacity: tokens per row (``seq_len``), or the batch budget (``max_tokens``), at most 2**62 - 1.
         seed: the sampler's seed (a pass's row count depends on it).
         split: concatenate and cut (``True``), or pack whole records (``False``).
         window: shuffle positions per window.
@@ -69,8 +70,8 @@ class RowOrder(Strategy):
         self.truncate = truncate
         self.passes_vary = not split
         self.tokens = int(lengths.sum(dtype=np.int64))
-        self._digest = lengths_digest(lengths)
-        self._passes: OrderedDict[int, _PassRows] = OrderedDict()
+        self.digest = lengths_digest(lengths)  # of the values: what a state records as its lengths
+        self._passes: OrderedDict[int, PassRows] = OrderedDict()
 
     def __repr__(self) -> str:
         mode = "split" if self.split else ("padded" if self.padded else "whole")
@@ -86,13 +87,13 @@ class RowOrder(Strategy):
         return _rows_themselves
 
     def _identity(self) -> tuple[Any, ...]:
-        return (self._digest, len(self.lengths), self.capacity, self.split, self.window, self.padded, self.truncate)
+        return (self.digest, len(self.lengths), self.capacity, self.split, self.window, self.padded, self.truncate)
 
-    def rows(self, pass_index: int) -> _PassRows:
+    def rows(self, pass_index: int) -> PassRows:
         """Pass ``pass_index``'s rows (the last few passes are kept)."""
         rows = self._passes.get(pass_index)
         if rows is None:
-            rows = self._passes[pass_index] = _PassRows(self, pass_index)
+            rows = self._passes[pass_index] = PassRows(self, pass_index)
             if len(self._passes) > _KEPT_PASSES:
                 self._passes.popitem(last=False)
         return rows
@@ -102,7 +103,7 @@ def _rows_themselves(positions: np.ndarray) -> np.ndarray:
     return positions
 
 
-class _PassRows:
+class PassRows:
     """One pass's rows: built window by window from the nearest known window start."""
 
     def __init__(self, order: RowOrder, pass_index: int) -> None:
@@ -121,6 +122,19 @@ class _PassRows:
         if self._order.split:
             return -(-self._order.tokens // self._order.capacity)
         return self.starts.total()
+
+    def has_row(self, row: int) -> bool:
+        """Whether the pass has a row ``row``: a walk over the windows up to it at most, as reading it costs."""
+        if row < 0:
+            return False
+        known = self.count() if self._order.split else self.starts.known_total()
+        if known is not None:
+            return row < known
+        try:
+            self.starts.locate(row)
+        except IndexError:  # the walk passed the last window: the pass's row count is known now
+            return False
+        return True
 
     def anchor(self, row: int) -> tuple[int, int]:
         """The window where ``row`` begins and that window's start (in tokens, or rows)."""

@@ -16,12 +16,14 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from numbers import Integral, Real
 from typing import Any, ClassVar
 
 import numpy as np
 
 from stateful_sampler.order.permutation import FeistelPermutation
 
+INT64_MAX = (1 << 63) - 1
 PassOrder = Callable[[np.ndarray], np.ndarray]  # positions of one pass -> records (int64 arrays)
 
 
@@ -111,22 +113,19 @@ def _identity_order(positions: np.ndarray) -> np.ndarray:
 
 def id_array(name: str, values: Any) -> np.ndarray:
     """A 1-D array of non-negative integer ids (labels, groups, bands) from a list, a NumPy array or a
-    1-D tensor, as int64; anything else is refused naming ``name``."""
-    array = _one_dimensional(name, values)
-    if array.dtype.kind not in "iu":
-        if array.dtype.kind == "f" and array.size and np.all(np.isfinite(array)) and np.all(array == np.round(array)):
-            array = array.astype(np.int64)
-        elif array.size:
-            raise TypeError(f"{name} must hold integer ids, got dtype {array.dtype}")
-    array = array.astype(np.int64, copy=False)
+    1-D tensor, as int64; anything else is refused naming ``name``, the value and its position."""
+    array = integer_array(name, values, "integer ids")
     if array.size and int(array.min()) < 0:
         raise ValueError(f"{name} must hold non-negative ids, got {int(array.min())} at position {int(array.argmin())}")
-    return array
+    return array.astype(np.int64, copy=False)
 
 
 def weight_array(name: str, values: Any) -> np.ndarray:
-    """A 1-D array of finite, non-negative weights that are not all zero, as float64."""
-    array = _one_dimensional(name, values)
+    """A 1-D array of finite, non-negative weights that are not all zero, as float64 (a tensor of any
+    float dtype, bfloat16 included, on any device or requiring grad, gives its values)."""
+    array = one_dimensional(name, values)
+    if array.dtype == object:
+        array = _object_numbers(name, array)
     if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
         raise TypeError(f"{name} must hold numbers, got dtype {array.dtype}")
     array = array.astype(np.float64, copy=False)
@@ -138,16 +137,100 @@ def weight_array(name: str, values: Any) -> np.ndarray:
     return array
 
 
+def _object_numbers(name: str, array: np.ndarray) -> np.ndarray:
+    """An object array (Python ints beyond 64 bits, or a mix of types) as float64, naming what is no number."""
+    floats = []
+    for at, value in enumerate(array.tolist()):
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise TypeError(f"{name} must hold numbers, got {type(value).__name__} {value!r} at position {at}")
+        try:
+            floats.append(float(value))
+        except OverflowError:
+            raise ValueError(f"{name} must be finite, got {value} at position {at} (beyond float64)") from None
+    return np.array(floats, dtype=np.float64)
+
+
+def integer_array(
+    name: str, values: Any, what: str, where: str = "at position", maximum: int = INT64_MAX
+) -> np.ndarray:
+    """``values`` as a 1-D integer array holding the same numbers: a NumPy integer array as it is (no copy),
+    whole-number floats and Python ints as int64. A value above ``maximum`` (at most 2**63 - 1) is refused
+    naming the value and its ``where``: a float such as 1e20, an unsigned 2**64 - 1 or a Python int beyond
+    64 bits would otherwise be cast, and wrapped, to another number. A value that is no whole number is
+    refused as not ``what``."""
+    array = one_dimensional(name, values)
+    kind = array.dtype.kind
+    if not array.size:
+        if kind in "iuf" or array.dtype == object:
+            return array.astype(np.int64, copy=False)
+        raise TypeError(f"{name} must hold {what}, got dtype {array.dtype}")
+    bound = f"2**{maximum.bit_length()} - 1" if (maximum + 1) & maximum == 0 else str(maximum)
+    if kind in "iu":
+        at = int(np.argmax(array)) if maximum < INT64_MAX or kind == "u" else 0
+        if int(array[at]) > maximum:
+            raise ValueError(_outside(name, what, bound, int(array[at]), f"{where} {at}"))
+        return array
+    if kind == "f":
+        bad = np.flatnonzero(~np.isfinite(array) | (array != np.round(array)))
+        if bad.size:
+            at = int(bad[0])
+            raise TypeError(f"{name} must hold {what}, got dtype {array.dtype} with {float(array[at])!r} {where} {at}")
+        outside = np.flatnonzero(np.abs(array) >= 2.0**63)  # beyond int64: a cast would wrap them
+        if not outside.size:
+            integers = array.astype(np.int64)  # exact: whole numbers within int64
+            outside = np.flatnonzero(integers > maximum)
+        if outside.size:
+            at = int(outside[0])
+            raise ValueError(_outside(name, what, bound, float(array[at]), f"{where} {at}"))
+        return integers
+    if array.dtype == object:  # Python ints beyond 64 bits, or a mix of types
+        for at, value in enumerate(array.tolist()):
+            if isinstance(value, bool) or not isinstance(value, Integral):
+                raise TypeError(f"{name} must hold {what}, got {type(value).__name__} {value!r} {where} {at}")
+            if not -INT64_MAX - 1 <= int(value) <= maximum:
+                raise ValueError(_outside(name, what, bound, int(value), f"{where} {at}"))
+        return array.astype(np.int64)
+    raise TypeError(f"{name} must hold {what}, got dtype {array.dtype}")
+
+
+def _outside(name: str, what: str, bound: str, value: float, where: str) -> str:
+    limit = f"of at most {bound}" if value > 0 else "within int64"
+    return f"{name} must hold {what} {limit}, got {value!r} {where}"
+
+
 def check_length(name: str, array: np.ndarray, size: int) -> None:
     """Per-record arrays must have one entry per record of the dataset."""
     if len(array) != size:
         raise ValueError(f"{name} must have one entry per record: length {size}, got {len(array)}")
 
 
-def _one_dimensional(name: str, values: Any) -> np.ndarray:
+def one_dimensional(name: str, values: Any) -> np.ndarray:
+    """``values`` as a 1-D NumPy array, refusing anything else naming ``name``. A tensor is read duck-typed
+    (this package imports no torch): detached and copied to the host first, so one that requires grad or
+    lives on a GPU gives its values, and a float dtype NumPy lacks (bfloat16) is widened to float32, exactly."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
         raise TypeError(f"{name} must be a list, a NumPy array or a 1-D tensor, got {type(values).__name__}")
-    array = np.asarray(values)  # a CPU tensor converts without importing torch here
+    if not isinstance(values, np.ndarray) and callable(getattr(values, "detach", None)):
+        values = _tensor_values(name, values)
+    array = np.asarray(values)
+    if array.dtype.kind == "f" and isinstance(values, (list, tuple)) and all(type(v) is int for v in values):
+        array = np.asarray(values, dtype=object)  # ints past int64 and negatives: keep each value exact
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
     return array
+
+
+def _tensor_values(name: str, tensor: Any) -> np.ndarray:
+    """A tensor's values on the host as a NumPy array, or a ``TypeError`` naming ``name`` and what the tensor is."""
+    described = f"a tensor of {getattr(tensor, 'dtype', '?')} on {getattr(tensor, 'device', '?')}"
+    try:
+        host = tensor.detach().cpu()
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError) as error:
+        raise TypeError(f"{name} must be a list, a NumPy array or a 1-D tensor with readable values, got {described}: "
+                        f"{error}") from None  # fmt: skip
+    try:
+        return np.asarray(host)
+    except TypeError:  # a dtype NumPy lacks: bfloat16 and the float8s widen to float32 exactly
+        if not callable(getattr(host, "is_floating_point", None)) or not host.is_floating_point():
+            raise TypeError(f"{name} must hold real numbers, got {described}") from None
+        return np.asarray(host.float())
