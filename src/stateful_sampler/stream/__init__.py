@@ -7,6 +7,7 @@ from stateful_sampler.stream.cache import CacheStats, ShardCache
 from stateful_sampler.stream.dataset import ShardedStream, StreamLoader
 from stateful_sampler.stream.readers import JsonlReader, ParquetReader, ReadStats, ShardReader, ShardReadError
 from stateful_sampler.stream.state import StreamState
+from stateful_sampler.stream.tar import TarReader
 
 __all__ = [
     "CacheStats",
@@ -23,4 +24,5 @@ __all__ = [
     "StreamLoader",
     "StreamSetupError",
     "StreamState",
+    "TarReader",
 ]
