@@ -3,6 +3,7 @@
 from stateful_sampler.errors import StreamSetupError
 from stateful_sampler.order.shards import ShardedShuffle
 from stateful_sampler.seeding.stream_transform import KeyedTransform, SeededTransform
+from stateful_sampler.stream.arrow import ArrowReader, saved_dataset_shards
 from stateful_sampler.stream.cache import CacheStats, ShardCache
 from stateful_sampler.stream.dataset import ShardedStream, StreamLoader
 from stateful_sampler.stream.readers import JsonlReader, ParquetReader, ReadStats, ShardReader, ShardReadError
@@ -10,6 +11,7 @@ from stateful_sampler.stream.state import StreamState
 from stateful_sampler.stream.tar import TarReader
 
 __all__ = [
+    "ArrowReader",
     "CacheStats",
     "JsonlReader",
     "KeyedTransform",
@@ -25,4 +27,5 @@ __all__ = [
     "StreamSetupError",
     "StreamState",
     "TarReader",
+    "saved_dataset_shards",
 ]
