@@ -6,6 +6,7 @@ from stateful_sampler.seeding.stream_transform import KeyedTransform, SeededTran
 from stateful_sampler.stream.arrow import ArrowReader, saved_dataset_shards
 from stateful_sampler.stream.cache import CacheStats, ShardCache
 from stateful_sampler.stream.dataset import ShardedStream, StreamLoader
+from stateful_sampler.stream.litdata import LitDataReader
 from stateful_sampler.stream.mds import MDSReader
 from stateful_sampler.stream.readers import JsonlReader, ParquetReader, ReadStats, ShardReader, ShardReadError
 from stateful_sampler.stream.state import StreamState
@@ -16,6 +17,7 @@ __all__ = [
     "CacheStats",
     "JsonlReader",
     "KeyedTransform",
+    "LitDataReader",
     "MDSReader",
     "ParquetReader",
     "ReadStats",
