@@ -10,6 +10,7 @@ import hashlib
 import mmap
 import operator
 import os
+import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -111,3 +112,23 @@ def item_offsets(data: Any, shard: str, count: int | None, end: int | None = Non
             f"shard {shard!r} is truncated or corrupt: its items end at byte {int(offsets[-1])}, the file has {size}"
         )
     return offsets
+
+
+def by_shard(entries: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Index entries by shard path, and by file name where the name is unique: a reader finds a shard's
+    entry whether it is given the path it listed or another URL of the file, and never another split's."""
+    names: dict[str, list[dict[str, Any]]] = {}
+    for path, entry in entries:
+        names.setdefault(_name(path), []).append(entry)
+    table = {name: found[0] for name, found in names.items() if len(found) == 1}
+    table.update(entries)
+    return table
+
+
+def entry_of(table: Mapping[str, dict[str, Any]], shard: str) -> dict[str, Any] | None:
+    """The entry of ``shard`` in a ``by_shard`` table; None for a renamed copy (a ShardCache's)."""
+    return table.get(shard) or table.get(_name(shard))
+
+
+def _name(path: str) -> str:
+    return posixpath.basename(path.replace("\\", "/"))

@@ -21,7 +21,15 @@ import numpy as np
 
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.extras import missing_extra
-from stateful_sampler.stream.formats import SlicedSpan, content_identity, digest, item_offsets, shard_bytes
+from stateful_sampler.stream.formats import (
+    SlicedSpan,
+    by_shard,
+    content_identity,
+    digest,
+    entry_of,
+    item_offsets,
+    shard_bytes,
+)
 from stateful_sampler.stream.readers import ParquetSpan, ReadStats
 from stateful_sampler.stream.remote import file_identity, is_url, open_shard
 
@@ -162,8 +170,8 @@ class LitDataReader:
         self._spec = _spec(config.get("data_spec"))
         self._config = config
         self._decoders = self._make_decoders()
-        self._chunks = {chunk["filename"]: chunk for chunk in chunks}
         self.shards: list[str] = [join(self.root, chunk["filename"]) for chunk in chunks]
+        self._chunks = by_shard(list(zip(self.shards, chunks)))
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_decoders": None}  # closures: rebuilt in the process that unpickles
@@ -251,4 +259,4 @@ class LitDataReader:
 
     def _chunk(self, shard: str) -> dict[str, Any] | None:
         """The chunk's ``index.json`` entry, by file name (None for a renamed copy, a ShardCache's)."""
-        return self._chunks.get(posixpath.basename(shard.replace("\\", "/")))
+        return entry_of(self._chunks, shard)

@@ -22,7 +22,15 @@ from typing import Any
 import numpy as np
 
 from stateful_sampler.errors import ShardReadError
-from stateful_sampler.stream.formats import SlicedSpan, content_identity, digest, item_offsets, shard_bytes
+from stateful_sampler.stream.formats import (
+    SlicedSpan,
+    by_shard,
+    content_identity,
+    digest,
+    entry_of,
+    item_offsets,
+    shard_bytes,
+)
 from stateful_sampler.stream.readers import ReadStats
 from stateful_sampler.stream.remote import file_identity, is_url, open_shard
 
@@ -178,12 +186,10 @@ class MDSReader:
         self._encodings: list[str] = list(first["column_encodings"])
         self._decoders = self._make_decoders()
         self._compression: str | None = first.get("compression")
-        self._entries: dict[str, dict[str, Any]] = {}
-        self.shards: list[str] = []
-        for entry in entries:
-            stored = entry["zip_data"] if entry.get("zip_data") else entry["raw_data"]
-            self.shards.append(join(self.root, stored["basename"]))
-            self._entries[stored["basename"]] = entry
+        # A merged index names its shards with their subdirectory (``split/shard.00000.mds``).
+        files = [join(self.root, (entry.get("zip_data") or entry["raw_data"])["basename"]) for entry in entries]
+        self.shards: list[str] = files
+        self._entries = by_shard(list(zip(files, entries)))
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_decoders": None}  # closures: rebuilt in the process that unpickles
@@ -250,7 +256,7 @@ class MDSReader:
 
     def _entry(self, shard: str) -> dict[str, Any] | None:
         """The shard's ``index.json`` entry, by file name (None for a renamed copy, a ShardCache's)."""
-        return self._entries.get(posixpath.basename(shard.replace("\\", "/")))
+        return entry_of(self._entries, shard)
 
     def _data(self, shard: str) -> Any:
         data = shard_bytes(shard, self.storage_options)

@@ -23,6 +23,7 @@ import mmap
 import os
 import re
 import tarfile
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ _INDEX_FORMAT = "stateful-sampler tar index"
 _INDEX_VERSION = 1
 _FINGERPRINT_SAMPLES = 16  # member headers hashed to recognise an unchanged shard whose mtime was touched
 _BLOCK = 512
+_INDEXES_KEPT = 32  # indexes a reader keeps in memory (a window's shards, and some)
 # webdataset's rules (tariterators.py): what is skipped, and how a name splits into key and suffix.
 _SKIP_META = re.compile(r"__[^/]*__($|/)")
 _KEY_SUFFIX = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -142,10 +144,12 @@ class TarReader:
     stats: ReadStats = field(default_factory=ReadStats)
 
     def __post_init__(self) -> None:
-        self._indexes: dict[str, tuple[str, TarIndex]] = {}  # shard -> (its file identity, its index)
+        # shard -> (its file identity, its index), the last few used: a stream of many shards counts them
+        # all when it is built, and an index costs memory per record.
+        self._indexes: OrderedDict[str, tuple[str, TarIndex]] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_indexes": {}}
+        return {**self.__dict__, "_indexes": OrderedDict()}
 
     def count(self, shard: str) -> int:
         return len(self.index(shard).keys)
@@ -190,6 +194,7 @@ class TarReader:
         stored = file_identity(shard, self.storage_options)
         known = self._indexes.get(shard)
         if known is not None and known[0] == stored:
+            self._indexes.move_to_end(shard)
             return known[1]
         index = self._load(shard, stored)
         if index is None:
@@ -197,6 +202,8 @@ class TarReader:
                 index = scan_tar(file, shard)
                 self._save(shard, stored, index, fingerprint(file, index))
         self._indexes[shard] = (stored, index)
+        while len(self._indexes) > _INDEXES_KEPT:
+            self._indexes.popitem(last=False)
         return index
 
     def index_paths(self, shard: str) -> list[Path]:
