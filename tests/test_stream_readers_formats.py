@@ -8,10 +8,12 @@ made them."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import shutil
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +226,33 @@ def test_a_tar_with_a_corrupt_header_in_the_middle_is_refused_not_read_short(tmp
         r"or the end-of-archive block should be there, after 12 members",
     ):
         TarReader().count(str(shard))
+
+
+def _count_in_a_process(shard: str) -> int:
+    return TarReader().count(shard)
+
+
+def test_concurrent_processes_building_one_tar_index_all_read_it_and_leave_one_whole_index(tmp_path: Path) -> None:
+    import multiprocessing
+
+    tar_shards(tmp_path)
+    shard = str(tmp_path / "train-002.tar")
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        assert pool.map(_count_in_a_process, [shard] * 8) == [9] * 8
+    left = sorted(path.name for path in tmp_path.iterdir() if "train-002" in path.name)
+    assert left == ["train-002.tar", "train-002.tar.tarindex"]  # no temporary file left behind
+    assert json.loads((tmp_path / "train-002.tar.tarindex").read_text())["keys"][-1] == "000208"
+
+
+def test_long_member_names_in_pax_and_gnu_headers_are_read_at_their_data(tmp_path: Path) -> None:
+    key = "deep/" * 30 + "sample"  # 156 characters: an extended header before the member's own
+    for form in (tarfile.PAX_FORMAT, tarfile.GNU_FORMAT):
+        shard = tmp_path / f"{form}.tar"
+        with tarfile.open(shard, "w", format=form) as archive:
+            for suffix, data in [("jpg", b"J" * 700), ("cls", b"7")]:
+                info = tarfile.TarInfo(f"{key}.{suffix}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+        assert TarReader().read(str(shard), 0, 1) == [
+            {"__key__": key, "__url__": str(shard), "jpg": b"J" * 700, "cls": b"7"}
+        ]
