@@ -241,7 +241,8 @@ def test_concurrent_processes_building_one_tar_index_all_read_it_and_leave_one_w
         assert pool.map(_count_in_a_process, [shard] * 8) == [9] * 8
     left = sorted(path.name for path in tmp_path.iterdir() if "train-002" in path.name)
     assert left == ["train-002.tar", "train-002.tar.tarindex"]  # no temporary file left behind
-    assert json.loads((tmp_path / "train-002.tar.tarindex").read_text())["keys"][-1] == "000208"
+    header, body = map(json.loads, (tmp_path / "train-002.tar.tarindex").read_text().splitlines())
+    assert (header["records"], body["keys"][-1]) == (9, "000208")
 
 
 def test_long_member_names_in_pax_and_gnu_headers_are_read_at_their_data(tmp_path: Path) -> None:
@@ -256,3 +257,23 @@ def test_long_member_names_in_pax_and_gnu_headers_are_read_at_their_data(tmp_pat
         assert TarReader().read(str(shard), 0, 1) == [
             {"__key__": key, "__url__": str(shard), "jpg": b"J" * 700, "cls": b"7"}
         ]
+
+
+def test_count_and_identity_of_an_indexed_tar_read_the_index_header_only(tmp_path: Path, monkeypatch) -> None:
+    """A stream built (or resumed) on many indexed shards asks each for its count and identity: the index's
+    first line answers both, and the per-record body is parsed only when a span of the shard is read."""
+    tar_shards(tmp_path)
+    shard = str(tmp_path / "train-002.tar")
+    identity = TarReader().identity(shard)
+    index_file = tmp_path / "train-002.tar.tarindex"
+    header = index_file.read_text().splitlines()[0]
+    index_file.write_text(f"{header}\nnot the body\n")
+
+    def scan(*args: Any) -> None:
+        raise RuntimeError("scanned")
+
+    monkeypatch.setattr(tar_module, "scan_tar", scan)
+    reader = TarReader()
+    assert (reader.count(shard), reader.identity(shard)) == (9, identity)  # no scan, no body
+    with pytest.raises(RuntimeError, match="scanned"):  # a span needs the body: unreadable, so the shard is scanned
+        reader.read(shard, 0, 1)

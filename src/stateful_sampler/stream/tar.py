@@ -35,7 +35,7 @@ from stateful_sampler.stream.readers import ReadStats
 from stateful_sampler.stream.remote import file_identity, is_url, open_shard
 
 _INDEX_FORMAT = "stateful-sampler tar index"
-_INDEX_VERSION = 1
+_INDEX_VERSION = 2
 _FINGERPRINT_SAMPLES = 16  # member headers hashed to recognise an unchanged shard whose mtime was touched
 _BLOCK = 512
 _INDEXES_KEPT = 32  # indexes a reader keeps in memory (a window's shards, and some)
@@ -46,13 +46,22 @@ _KEY_SUFFIX = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 
 @dataclass(frozen=True)
 class TarIndex:
-    """Where each record's files lie in a tar: ``keys[r]`` and ``members[r]`` as (suffix, offset, size)."""
+    """Where each record's files lie in a tar: record ``r`` is ``keys[r]`` with the files
+    ``bounds[r] .. bounds[r + 1] - 1``, file ``f`` being ``suffixes[f]`` at ``offsets[f]``, ``sizes[f]`` bytes."""
 
     keys: list[str]
-    members: list[list[tuple[str, int, int]]]
+    bounds: list[int]
+    suffixes: list[str]
+    offsets: list[int]
+    sizes: list[int]
     size: int  # the tar's size in bytes
     end: int  # offset of the end-of-archive block
     headers: list[int]  # offsets of the sampled member headers of the fingerprint
+
+    @property
+    def digest(self) -> str:
+        """What the content identity takes from the index: every record's key and files."""
+        return digest(self.keys, self.bounds, self.suffixes, self.offsets, self.sizes, self.end)
 
 
 def split_name(name: str) -> tuple[str | None, str | None]:
@@ -65,7 +74,10 @@ def scan_tar(file: Any, shard: str) -> TarIndex:
     """The index of a tar read from ``file`` (seekable), grouped as webdataset groups it; a truncated
     or corrupt tar (a bad header, no end-of-archive block) raises ``ShardReadError`` naming ``shard``."""
     keys: list[str] = []
-    members: list[list[tuple[str, int, int]]] = []
+    bounds: list[int] = [0]
+    suffixes: list[str] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
     headers: list[int] = []
     try:
         size = file.seek(0, io.SEEK_END)
@@ -90,10 +102,13 @@ def scan_tar(file: Any, shard: str) -> TarIndex:
                 suffix = suffix.lower()
                 if not keys or keys[-1] != key:
                     keys.append(key)
-                    members.append([])
-                if any(known == suffix for known, _, _ in members[-1]) or suffix in ("__key__", "__url__"):
+                    bounds.append(bounds[-1])
+                if suffix in suffixes[bounds[-2] :] or suffix in ("__key__", "__url__"):
                     raise ShardReadError(f"shard {shard!r}: {name}: duplicate file name for key {key!r} ({suffix})")
-                members[-1].append((suffix, info.offset_data, info.size))
+                bounds[-1] += 1
+                suffixes.append(suffix)
+                offsets.append(info.offset_data)
+                sizes.append(info.size)
                 archive.members = []  # type: ignore[attr-defined]  # an index, not a list of TarInfo, is kept
             end = archive.offset
         file.seek(end)
@@ -108,7 +123,7 @@ def scan_tar(file: Any, shard: str) -> TarIndex:
             f"end-of-archive block should be there, after {len(headers)} members"
         )
     step = max(1, len(headers) // _FINGERPRINT_SAMPLES)
-    return TarIndex(keys, members, size, end, [*headers[::step], *headers[-1:]])
+    return TarIndex(keys, bounds, suffixes, offsets, sizes, size, end, [*headers[::step], *headers[-1:]])
 
 
 def fingerprint(file: Any, index: TarIndex) -> str:
@@ -144,21 +159,22 @@ class TarReader:
     stats: ReadStats = field(default_factory=ReadStats)
 
     def __post_init__(self) -> None:
-        # shard -> (its file identity, its index), the last few used: a stream of many shards counts them
-        # all when it is built, and an index costs memory per record.
+        # shard -> (its file identity, its index), the last few used: an index costs memory per record.
         self._indexes: OrderedDict[str, tuple[str, TarIndex]] = OrderedDict()
+        # shard -> (its file identity, records, index digest): what count and identity need, from the
+        # index file's first line, so a stream built on many shards does not parse every index.
+        self._summaries: dict[str, tuple[str, int, str]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_indexes": OrderedDict()}
+        return {**self.__dict__, "_indexes": OrderedDict(), "_summaries": {}}
 
     def count(self, shard: str) -> int:
-        return len(self.index(shard).keys)
+        return self._summary(shard)[0]
 
     def identity(self, shard: str) -> str:
         """The file's size and modification time (or ETag), and the digest of its index: every record's
         key and its files' names, offsets and sizes."""
-        index = self.index(shard)
-        content = f"tar={digest(index.keys, index.members, index.end)}"
+        content = f"tar={self._summary(shard)[1]}"
         return content_identity(shard, file_identity(shard, self.storage_options), content, self.version,
                                 self.checksums)  # fmt: skip
 
@@ -170,21 +186,20 @@ class TarReader:
         index = self.index(shard)
         if not 0 <= start <= stop <= len(index.keys):
             raise ShardReadError(f"rows {start}..{stop - 1} are outside tar shard {shard!r} of {len(index.keys)}")
-        members = index.members[start:stop]
         self.stats.opened += 1
         self.stats.rows += stop - start
-        if not members:
+        if start == stop:
             return SlicedSpan(0, lambda row: None, self.stats)
-        low = members[0][0][1]  # a tar's members lie in order: the span's files lie between these
-        high = max(offset + size for _, offset, size in members[-1])
+        bounds, offsets, sizes, suffixes = index.bounds, index.offsets, index.sizes, index.suffixes
+        low = offsets[bounds[start]]  # a tar's members lie in order: the span's files lie between these
+        high = max(offsets[f] + sizes[f] for f in range(bounds[stop - 1], bounds[stop]))
         self.stats.bytes += high - low
         buffer, base = self._bytes(shard, low, high)
-        keys = index.keys[start:stop]
 
         def record(row: int) -> dict[str, Any]:
-            built: dict[str, Any] = {"__key__": keys[row], "__url__": shard}
-            for suffix, offset, size in members[row]:
-                built[suffix] = bytes(buffer[offset - base : offset - base + size])
+            built: dict[str, Any] = {"__key__": index.keys[start + row], "__url__": shard}
+            for f in range(bounds[start + row], bounds[start + row + 1]):
+                built[suffixes[f]] = bytes(buffer[offsets[f] - base : offsets[f] - base + sizes[f]])
             return built
 
         return SlicedSpan(stop - start, record, self.stats)
@@ -196,15 +211,30 @@ class TarReader:
         if known is not None and known[0] == stored:
             self._indexes.move_to_end(shard)
             return known[1]
-        index = self._load(shard, stored)
+        loaded = self._load(shard, stored, whole=True)
+        index = loaded[1] if loaded is not None else None
         if index is None:
             with self._open(shard) as file:
                 index = scan_tar(file, shard)
                 self._save(shard, stored, index, fingerprint(file, index))
         self._indexes[shard] = (stored, index)
+        self._summaries[shard] = (stored, len(index.keys), index.digest)
         while len(self._indexes) > _INDEXES_KEPT:
             self._indexes.popitem(last=False)
         return index
+
+    def _summary(self, shard: str) -> tuple[int, str]:
+        """(records, index digest): from memory, the index file's first line, or the index built."""
+        stored = file_identity(shard, self.storage_options)
+        known = self._summaries.get(shard)
+        if known is None or known[0] != stored:
+            loaded = self._load(shard, stored, whole=False)
+            if loaded is not None:
+                self._summaries[shard] = (stored, loaded[0]["records"], loaded[0]["digest"])
+            else:
+                self.index(shard)
+        _, records, index_digest = self._summaries[shard]
+        return records, index_digest
 
     def index_paths(self, shard: str) -> list[Path]:
         """Where the shard's index may be, in the order looked in: beside a local shard, then ``index_dir``."""
@@ -221,29 +251,45 @@ class TarReader:
         # A remote shard is scanned through a large buffer: its headers are read in a few ranges.
         return raw if not is_url(shard) else io.BufferedReader(raw, 8 << 20)
 
-    def _load(self, shard: str, stored: str) -> TarIndex | None:
+    def _load(self, shard: str, stored: str, whole: bool) -> tuple[dict[str, Any], TarIndex | None] | None:
+        """(the index file's header, the index when ``whole``) of the first index file that fits the shard.
+        The file is a header line (what count and identity need, and what tells it fits) and a body line."""
         for path in self.index_paths(shard):
             try:
-                saved = json.loads(path.read_text())
-            except (OSError, ValueError):
+                with open(path, "rb") as file:
+                    header = json.loads(file.readline())
+                    if header.get("format") != _INDEX_FORMAT or header.get("version") != _INDEX_VERSION:
+                        continue
+                    if not self._fits(shard, stored, header):
+                        continue
+                    if not whole:
+                        return header, None
+                    body = json.loads(file.readline())
+            except (OSError, ValueError, AttributeError):  # absent, half a file from another version, not JSON
                 continue
-            if saved.get("format") != _INDEX_FORMAT or saved.get("version") != _INDEX_VERSION:
-                continue
-            index = TarIndex(saved["keys"], [[(s, o, n) for s, o, n in record] for record in saved["members"]],
-                             saved["size"], saved["end"], saved["headers"])  # fmt: skip
-            if saved["stored"] == stored:
-                return index
-            if is_url(shard) or not stored.startswith(f"size={index.size};"):
-                continue  # remote: the ETag or size changed; local: the size changed
-            with self._open(shard) as file:  # same size, another mtime: the same bytes if the headers are
-                if fingerprint(file, index) == saved["fingerprint"]:
-                    return index
+            index = TarIndex(body["keys"], body["bounds"], body["suffixes"], body["offsets"], body["sizes"],
+                             header["size"], header["end"], header["headers"])  # fmt: skip
+            return header, index
         return None
 
+    def _fits(self, shard: str, stored: str, header: dict[str, Any]) -> bool:
+        """The index was built from these bytes: the same file identity, or (a local shard whose mtime
+        was touched) the same size and the same sampled member headers."""
+        if header["stored"] == stored:
+            return True
+        if is_url(shard) or not stored.startswith(f"size={header['size']};"):
+            return False  # remote: the ETag or size changed; local: the size changed
+        sampled = TarIndex([], [0], [], [], [], header["size"], header["end"], header["headers"])
+        with self._open(shard) as file:
+            return bool(fingerprint(file, sampled) == header["fingerprint"])
+
     def _save(self, shard: str, stored: str, index: TarIndex, headers_hash: str) -> None:
-        text = json.dumps({"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "shard": shard, "stored": stored,
-                           "fingerprint": headers_hash, "size": index.size, "end": index.end, "headers": index.headers,
-                           "keys": index.keys, "members": index.members}, separators=(",", ":"))  # fmt: skip
+        header = {"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "shard": shard, "stored": stored,
+                  "fingerprint": headers_hash, "size": index.size, "end": index.end, "headers": index.headers,
+                  "records": len(index.keys), "digest": index.digest}  # fmt: skip
+        body = {"keys": index.keys, "bounds": index.bounds, "suffixes": index.suffixes, "offsets": index.offsets,
+                "sizes": index.sizes}  # fmt: skip
+        text = f"{json.dumps(header)}\n{json.dumps(body, separators=(',', ':'))}\n"
         for path in self.index_paths(shard):
             part = path.with_name(f"{path.name}.tmp-{os.getpid()}-{id(index)}")
             try:
