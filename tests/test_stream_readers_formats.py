@@ -277,3 +277,18 @@ def test_count_and_identity_of_an_indexed_tar_read_the_index_header_only(tmp_pat
     assert (reader.count(shard), reader.identity(shard)) == (9, identity)  # no scan, no body
     with pytest.raises(RuntimeError, match="scanned"):  # a span needs the body: unreadable, so the shard is scanned
         reader.read(shard, 0, 1)
+
+
+def test_an_arrow_stream_cut_at_a_batch_boundary_is_refused_not_read_short(tmp_path: Path) -> None:
+    """What a writer killed mid-write leaves: whole batches and no end-of-stream marker. pyarrow reads the
+    batches there are; the reader refuses it instead of counting fewer rows."""
+    import pyarrow as pa
+
+    table = pa.table({"x": list(range(10))})
+    sink = pa.BufferOutputStream()
+    writer = pa.ipc.new_stream(sink, table.schema)
+    writer.write_table(table, max_chunksize=3)
+    cut = tmp_path / "cut.arrow"
+    cut.write_bytes(sink.getvalue().to_pybytes())  # before close: no end-of-stream marker
+    with pytest.raises(ShardReadError, match=r"cut.arrow' ends after 10 rows without its end-of-stream marker"):
+        ArrowReader().count(str(cut))

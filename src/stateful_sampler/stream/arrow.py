@@ -22,6 +22,7 @@ from stateful_sampler.stream.readers import ParquetSpan, ReadStats
 from stateful_sampler.stream.remote import file_identity, is_url, open_shard
 
 _FILE_MAGIC = b"ARROW1"
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # what closing a stream writes (Arrow >= 0.15)
 
 
 def saved_dataset_shards(directory: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
@@ -146,6 +147,14 @@ class ArrowReader:
                     rows += batch.num_rows
                     if stop is not None and rows >= stop:
                         break
+                else:  # read to its end: a whole stream ends with the end-of-stream marker
+                    size = source.seek(0, 2)
+                    source.seek(max(size - len(_END_OF_STREAM), 0))
+                    if source.read(len(_END_OF_STREAM)) != _END_OF_STREAM:
+                        raise ShardReadError(
+                            f"Arrow stream shard {shard!r} ends after {rows} rows without its end-of-stream marker: "
+                            f"truncated (a writer that did not close it)"
+                        )
                 return stream.schema, batches
         except ShardReadError:
             raise
