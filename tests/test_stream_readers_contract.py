@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -215,3 +216,12 @@ def test_s3_shards_read_directly_and_through_a_cache_as_the_local_ones(
         assert "ETag=" in identity and identity != reader.identity(shards[0])
     if name == "tar":
         assert len(list((tmp_path / "xdg").rglob("*.tarindex"))) == len(urls)  # remote shards' indexes, once each
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_pickled_reader_reads_the_same_records(name: str, tmp_path: Path) -> None:
+    """What a spawned DataLoader worker gets: the reader pickled after it counted every shard."""
+    shards, reader = made(name, tmp_path)
+    eager = [reader.read(shard, 0, reader.count(shard)) for shard in shards]
+    copy = pickle.loads(pickle.dumps(reader))
+    assert repr([copy.read(shard, 0, copy.count(shard)) for shard in shards]) == repr(eager)
