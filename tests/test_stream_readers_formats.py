@@ -292,3 +292,16 @@ def test_an_arrow_stream_cut_at_a_batch_boundary_is_refused_not_read_short(tmp_p
     cut.write_bytes(sink.getvalue().to_pybytes())  # before close: no end-of-stream marker
     with pytest.raises(ShardReadError, match=r"cut.arrow' ends after 10 rows without its end-of-stream marker"):
         ArrowReader().count(str(cut))
+
+
+def test_a_half_written_tar_index_is_rebuilt_not_trusted(tmp_path: Path) -> None:
+    tar_shards(tmp_path)
+    shard = str(tmp_path / "train-002.tar")
+    expected_records = TarReader().read(shard, 0, 9)
+    index_file = tmp_path / "train-002.tar.tarindex"
+    text = index_file.read_text()
+    for cut in (len(text) // 3, len(text) - 20):  # in the header line, in the body line
+        index_file.write_text(text[:cut])
+        reader = TarReader()
+        assert (reader.count(shard), reader.read(shard, 0, 9)) == (9, expected_records)
+        assert index_file.read_text() == text  # written again, whole

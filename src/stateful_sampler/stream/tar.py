@@ -22,6 +22,7 @@ import json
 import mmap
 import os
 import re
+import secrets
 import tarfile
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -291,7 +292,8 @@ class TarReader:
                 "sizes": index.sizes}  # fmt: skip
         text = f"{json.dumps(header)}\n{json.dumps(body, separators=(',', ':'))}\n"
         for path in self.index_paths(shard):
-            part = path.with_name(f"{path.name}.tmp-{os.getpid()}-{id(index)}")
+            # A random name: two containers sharing the disk may run builders of the same pid.
+            part = path.with_name(f"{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 part.write_text(text)
