@@ -1,6 +1,7 @@
 """A training loop over a ``ShardedStream`` through one integration, run as its own process by the kill tests.
 
-``python -m tests.stream_kill_run FRAMEWORK ROOT --workers N [--kill-after K]``, FRAMEWORK one of plain
+``python -m tests.stream_kill_run FRAMEWORK ROOT --workers N [--kill-after K] [--reader FORMAT --shards DIR]``
+(``--reader``: a format reader of tests/stream_readers.py on the shards in DIR), FRAMEWORK one of plain
 (``ResumableLoader``), fabric (``setup_dataloader`` and ``fabric.save``) or accelerate
 (``prepare_loader`` and ``accelerator.save_state``); ``verify`` is a script for ``stateful-sampler verify
 -- COMMAND`` (a model, a checkpoint every 5 steps, ``record_weights`` at the end). Each consumed batch (record ids and the seeded
@@ -31,7 +32,13 @@ def augment(record: int, rng: Any) -> torch.Tensor:
     return torch.tensor([float(record), float(torch.rand(1, generator=rng.torch))], dtype=torch.float64)
 
 
-def make_stream() -> ShardedStream:
+def make_stream(reader: str | None = None, shards: Path | None = None) -> ShardedStream:
+    if reader is not None and shards is not None:  # a format reader's shards (tests/stream_readers.py)
+        from tests.stream_readers import FORMATS, IdAugment
+
+        names, format_reader = FORMATS[reader].open(shards)
+        return ShardedStream(names, format_reader, batch_size=BATCH, window=2, seed=5,
+                             transform=SeededTransform(IdAugment(reader)))  # fmt: skip
     return ShardedStream([str(i) for i in range(len(COUNTS))], Rows(COUNTS), batch_size=BATCH, window=2, seed=5,
                          transform=SeededTransform(augment))  # fmt: skip
 
@@ -113,13 +120,15 @@ def main() -> None:
     parser.add_argument("root", type=Path)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--kill-after", type=int)
+    parser.add_argument("--reader", help="a format of tests/stream_readers.py, reading the shards in --shards")
+    parser.add_argument("--shards", type=Path)
     args = parser.parse_args()
     torch.manual_seed(1234)  # must not matter: order and augmentation never come from the global RNG
     if args.framework == "verify":
         return verified(args.root)
     checkpoint = args.root / "checkpoint"
     loader, save, _runner = {"plain": plain, "fabric": fabric, "accelerate": accelerate}[args.framework](
-        make_stream(), args.workers, checkpoint
+        make_stream(args.reader, args.shards), args.workers, checkpoint
     )
     steps = 0
     with (args.root / "record.jsonl").open("a") as record:
