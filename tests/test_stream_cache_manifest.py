@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stateful_sampler.stream import ParquetReader, ShardCache, ShardedStream, ShardReadError
-from tests.s3_requests import counted_requests
+from tests.s3_requests import node_start
 from tests.s3_server import s3_server
 from tests.test_stream_remote import write_parquet
 
@@ -65,28 +64,6 @@ def upload(s3: Any, tmp_path: Path, bucket: str, offset: int = 0, shards: int = 
     return [f"s3://{bucket}/{i}.parquet" for i in range(shards)]
 
 
-def _start(args: tuple[Any, ...]) -> dict[str, int]:
-    """One rank process's start: its stream built over the node's cache, the S3 requests that took. The
-    stream lives until every rank has built its own, as a training's does."""
-    urls, options, directory, readers, rank, barrier, counts = args
-    with counted_requests(urls[0], options) as sent:
-        barrier.wait()
-        cache = ShardCache(ParquetReader(storage_options=options), directory, max_bytes=1 << 30)
-        stream = ShardedStream(urls, cache, num_replicas=readers, rank=rank, counts=counts, **KWARGS)
-        barrier.wait()
-    del stream
-    return dict(sent)
-
-
-def node_start(urls: list[str], options: dict[str, Any], directory: Path, readers: int, counts: Any) -> Counter:
-    """Every rank process of a node starting at once; the requests of them all."""
-    context = multiprocessing.get_context("fork")
-    with context.Manager() as manager, context.Pool(readers) as pool:
-        barrier = manager.Barrier(readers)
-        sent = pool.map(_start, [(urls, options, str(directory), readers, r, barrier, counts) for r in range(readers)])
-    return sum((Counter(each) for each in sent), Counter())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("counts", [None, [20] * 8])
 def test_metadata_is_read_once_per_node_per_start_whatever_the_reader_count(s3, tmp_path: Path, counts) -> None:
@@ -94,9 +71,12 @@ def test_metadata_is_read_once_per_node_per_start_whatever_the_reader_count(s3, 
     for readers in (1, 6):
         directory = tmp_path / f"cache-{readers}"
         # A cold node: per shard one HEAD (opening its footer) and the footer's two exact ranged reads.
-        assert node_start(urls, s3.storage_options, directory, readers, counts) == {"HEAD": 8, "GET range": 16}
+        assert node_start(urls, s3.storage_options, directory, readers, counts, **KWARGS) == {
+            "HEAD": 8,
+            "GET range": 16,
+        }
         # A restart (every process of the start before has exited): one HEAD per shard, nothing else.
-        assert node_start(urls, s3.storage_options, directory, readers, counts) == {"HEAD": 8}
+        assert node_start(urls, s3.storage_options, directory, readers, counts, **KWARGS) == {"HEAD": 8}
 
 
 def _live_run(urls: list[str], options: dict[str, Any], directory: str, size: int, done: Any, uploaded: Any,
