@@ -162,6 +162,19 @@ def test_the_cache_identifies_a_shard_by_all_the_reader_identifies_it_by(tmp_pat
         ShardedStream(paths, ParquetReader(**options), batch_size=4, window=2, seed=3).load_state_dict(state)
 
 
+class Labelled(ParquetReader):
+    """A reader of your own that adds to the identity: the cache asks its identity, not the footer's alone."""
+
+    def identity(self, shard: str) -> str:
+        return super().identity(shard) + ";label=mine"
+
+
+def test_an_identity_overridden_by_a_subclass_is_kept_through_the_cache(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "a.parquet", list(range(8)))
+    cache = ShardCache(Labelled(version="v1"), tmp_path / "cache", max_bytes=1 << 20)
+    assert cache.identity(path) == ParquetReader(version="v1").identity(path) + ";label=mine"
+
+
 # -- JSON Lines and file:// URLs
 
 

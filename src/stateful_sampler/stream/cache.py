@@ -54,7 +54,7 @@ from typing import IO, Any, cast
 from stateful_sampler.checks import check_int
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.stream import remote
-from stateful_sampler.stream.readers import ShardMetadata, ShardReader, span_reader
+from stateful_sampler.stream.readers import ShardMetadata, ShardReader, identity_in_two_steps, span_reader
 from stateful_sampler.stream.remote import StoredIdentity
 
 _CHUNK = 8 << 20
@@ -161,14 +161,15 @@ class ShardCache:
         """The inner reader's identity of the shard. A reader with ``metadata`` and ``identity_from`` (the
         shipped ones) has its metadata read once per node and its own settings (``version``, ``checksums``)
         joined in this process; another reader's ``identity`` is asked once per process; a reader without
-        one is identified by the stored identity (size and ETag or modification time)."""
+        one is identified by the stored identity (size and ETag or modification time). A subclass that
+        overrides ``identity`` keeps it: asked once per process."""
         identify = getattr(self.reader, "identity", None)
-        identity_from = getattr(self.reader, "identity_from", None)
         if identify is None:
             return str(self._entry(shard).stored)
-        if identity_from is not None and callable(getattr(self.reader, "metadata", None)):
+        if identity_in_two_steps(self.reader):
             entry = self._entry(shard, content=True)
-            return cast(str, identity_from(shard, ShardMetadata(entry.stored, cast(str, entry.content), entry.count)))
+            metadata = ShardMetadata(entry.stored, cast(str, entry.content), entry.count)
+            return cast(str, self.reader.identity_from(shard, metadata))  # type: ignore[attr-defined]
         known = self._identities.get(shard)
         if known is None:
             known = self._identities[shard] = identify(shard)

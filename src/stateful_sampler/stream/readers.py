@@ -78,20 +78,36 @@ class ReadStats:
     converted: int = 0
 
 
+def identity_in_two_steps(reader: Any) -> bool:
+    """The reader's ``identity(shard)`` is ``identity_from(shard, metadata(shard))``: it has both, and no
+    ``identity`` overridden below the class that defines them (a subclass that adds to its identity keeps
+    it: ``ShardCache`` then asks that ``identity``, once per process)."""
+    if not callable(getattr(reader, "metadata", None)) or not callable(getattr(reader, "identity_from", None)):
+        return False
+    return _defined_with(reader, "identity_from", "identity")
+
+
+def _defined_with(reader: Any, method: str, other: str) -> bool:
+    """``method`` is defined in the class that defines ``other``, or below it (so it knows of it)."""
+    own = getattr(reader, "__dict__", {})
+    if other in own and method not in own:
+        return False
+    mro = type(reader).__mro__
+    method_owner = next((owner for owner in mro if method in vars(owner)), None)
+    other_owner = next((owner for owner in mro if other in vars(owner)), None)
+    if method_owner is None or other_owner is None:  # set on the instance, or provided by __getattr__
+        return True
+    return issubclass(method_owner, other_owner)
+
+
 def span_reader(reader: Any) -> Callable[[str, int, int], Sequence[Any]]:
     """``reader.read_span`` when it has one, else ``reader.read``. A ``read`` overridden below the class
     that defines ``read_span`` (a subclass of ``ParquetReader`` that filters or logs its records) is what
     the records are, so it wins: the faster path never skips a user's own ``read``."""
     span = getattr(reader, "read_span", None)
-    own = getattr(reader, "__dict__", {})
-    if span is None or ("read" in own and "read_span" not in own):
+    if span is None or not _defined_with(reader, "read_span", "read"):
         return cast(Callable[[str, int, int], Sequence[Any]], reader.read)
-    mro = type(reader).__mro__
-    span_owner = next((owner for owner in mro if "read_span" in vars(owner)), None)
-    read_owner = next((owner for owner in mro if "read" in vars(owner)), None)
-    if span_owner is None or read_owner is None:  # set on the instance, or provided by __getattr__
-        return cast(Callable[[str, int, int], Sequence[Any]], span)
-    return cast(Callable[[str, int, int], Sequence[Any]], span if issubclass(span_owner, read_owner) else reader.read)
+    return cast(Callable[[str, int, int], Sequence[Any]], span)
 
 
 class ParquetSpan(Sequence[dict[str, Any]]):
