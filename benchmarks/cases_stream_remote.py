@@ -1,5 +1,9 @@
 """Remote shards through the node-local ``ShardCache``, against a real S3 server (moto) on 127.0.0.1.
 
+- metadata requests per shard per node at a start, at 1, 8 and 32 rank processes (each builds its own
+  stream over one cache directory, all at once, as torchrun's ranks do; S3 requests counted where
+  botocore sends them): a cold node (no manifest: the footers are read), then a restart (every process
+  of that start exited: the next start looks the shards up again);
 - bytes fetched from storage per byte of shard data, for the node, at 1, 8 and 32 readers (each
   reader its own process, as ranks x workers are, all reading one epoch at once through one cache
   directory); the same without the cache (every reader reads its spans from S3 itself);
@@ -156,6 +160,19 @@ def resume_cost(urls: list[str], options: dict[str, Any], counts: list[int], rep
             "window_records": sum(counts[urls.index(url)] for url in shards)}  # fmt: skip
 
 
+def metadata_requests(urls: list[str], options: dict[str, Any], readers: int) -> Result:
+    """S3 requests per shard per node while every rank process of the node builds its stream, cold and at a
+    restart; by kind (HEAD, ranged GET) as well."""
+    from tests.s3_requests import node_start
+
+    kwargs = {"batch_size": BATCH, "window": WINDOW, "seed": SEED}
+    with tempfile.TemporaryDirectory() as cache_dir:
+        cold = node_start(urls, options, Path(cache_dir), readers, None, **kwargs)
+        restart = node_start(urls, options, Path(cache_dir), readers, None, **kwargs)
+    return {"readers": readers, "shards": len(urls), "cold": sum(cold.values()) / len(urls),
+            "restart": sum(restart.values()) / len(urls), "cold_kinds": dict(cold), "restart_kinds": dict(restart)}  # fmt: skip
+
+
 def _count(records: Any) -> int:
     """The consumer of both sides of the steady-state comparison: a loop over the records."""
     return sum(1 for _ in records)
@@ -227,6 +244,8 @@ def run(quick: bool, reader_counts: tuple[int, ...] = (1, 8, 32)) -> list[tuple[
         counts = [rows] * shards
         size = sum(os.path.getsize(path) for path in paths)
         out.append(("data", {"shards": shards, "rows": rows, "MiB": size / 2**20, "window": WINDOW}))
+        for readers in (1, 8, 32):  # cheap at any size: the start alone
+            out.append(("metadata", metadata_requests(urls, options, readers)))
         for readers in reader_counts:
             out.append(("node_io", node_io(urls, options, paths, readers, cached=True)))
         out.append(("node_io", node_io(urls, options, paths, 8, cached=True, windows=3)))
@@ -256,7 +275,17 @@ def figure(full: bool, run_case: Any, figures: Any) -> None:
 
     name = "stream from S3 (moto on 127.0.0.1), node-local cache"
     for kind, result in run(not full, (1, 8, 32) if full else (1, 8)):  # make bench's quick mode: under a minute
-        if kind == "node_io":
+        if kind == "metadata":
+            case = f"start, {result['readers']} rank processes"
+            for start in ("cold", "restart"):
+                per_shard = sorted(result[f"{start}_kinds"].items())
+                kinds = ", ".join(f"{count / result['shards']:g} {kind}" for kind, count in per_shard)
+                system = "ours, ShardCache, cold node" if start == "cold" else "ours, ShardCache, restart"
+                figures.rows.append(Row(name, case, system, result[start], "metadata requests / shard / node",
+                                        note=kinds))  # fmt: skip
+            figures.checks.append(Check(f"metadata requests per shard per node ≤ 1.1 at a restart, {case}",
+                                        f"{result['restart']:.2f}", result["restart"] <= 1.1))  # fmt: skip
+        elif kind == "node_io":
             bound = f" of {result['cache_windows']} windows" if result["cache_windows"] else ""
             system = f"ours, ShardCache{bound}" if result["cached"] else "ours, no cache (each reader reads S3)"
             case = f"{result['readers']} readers"

@@ -7,6 +7,9 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -84,7 +87,9 @@ def test_user_version_and_checksum_join_the_identity(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "a.parquet", list(range(10)))
     plain = ParquetReader().identity(path)
     assert ParquetReader(version="v1").identity(path) == plain + ";version=v1"
-    assert ParquetReader(checksums={path: "abc"}).identity(path) == plain + ";checksum=abc"
+    size, mtime, footer = plain.split(";")
+    assert mtime.startswith("mtime_ns=")  # a checksum identifies the bytes in place of their time
+    assert ParquetReader(checksums={path: "abc"}).identity(path) == f"{size};{footer};checksum=abc"
     assert JsonlReader(version="v2").identity(write_jsonl(tmp_path / "a.jsonl", [1])).endswith(";version=v2")
     with pytest.raises(ValueError, match="checksums has no entry for shard .*b.parquet"):
         ParquetReader(checksums={path: "abc"}).identity(write_parquet(tmp_path / "b.parquet", [1]))
@@ -99,6 +104,75 @@ def test_a_rewritten_parquet_shard_is_refused_on_resume(tmp_path: Path) -> None:
     same_stat(paths[2], stat)
     with pytest.raises(IncompatibleStateError, match="2.parquet"):
         ShardedStream(paths, ParquetReader(), batch_size=4, window=2, seed=3).load_state_dict(state)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_touched_or_copied_unchanged_shard_keeps_its_identity_with_checksums(tmp_path: Path, cached: bool) -> None:
+    paths = [write_parquet(tmp_path / f"{i}.parquet", list(range(i * 8, i * 8 + 8))) for i in range(3)]
+    sums = {path: f"sha-{i}" for i, path in enumerate(paths)}
+
+    def stream(checksums: dict[str, str]) -> ShardedStream:
+        reader = ParquetReader(checksums=checksums)
+        shard_reader = ShardCache(reader, tmp_path / "cache", max_bytes=1 << 20) if cached else reader
+        return ShardedStream(paths, shard_reader, batch_size=4, window=2, seed=3)
+
+    state = stream(sums).state_dict(consumed_batches=2)
+    stat = os.stat(paths[1])
+    os.utime(paths[1], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: same bytes, another time
+    shutil.copy(paths[2], tmp_path / "copy")  # copied over itself: a new file, a new time
+    os.replace(tmp_path / "copy", paths[2])
+    resumed = stream(sums)
+    resumed.load_state_dict(state)
+    assert resumed.position == 8
+    with pytest.raises(IncompatibleStateError, match=r"shard '.*1\.parquet' changed since the save"):
+        stream({**sums, paths[1]: "sha-other"}).load_state_dict(state)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_stale_counts_for_a_parquet_shard_that_grew_are_refused_naming_both_counts(
+    tmp_path: Path, cached: bool
+) -> None:
+    paths = [write_parquet(tmp_path / f"{i}.parquet", list(range(20))) for i in range(3)]
+    write_parquet(Path(paths[1]), list(range(30)))  # grew after the counts were written down
+    reader = ShardCache(ParquetReader(), tmp_path / "cache", max_bytes=1 << 20) if cached else ParquetReader()
+    with pytest.raises(ValueError, match=r"counts\[1\] \('.*1\.parquet'\) is 20, but the shard holds 30 records \(read "
+                                         r"with its identity\): pass counts\[1\]=30, or leave counts unset"):  # fmt: skip
+        ShardedStream(paths, reader, batch_size=4, counts=[20, 20, 20])
+    stream = ShardedStream(paths, reader, batch_size=4, counts=[20, 30, 20])  # the true counts: taken
+    assert sorted(record["x"] for record in stream) == sorted(list(range(20)) * 2 + list(range(30)))
+
+
+@pytest.mark.parametrize(
+    "change", [{"version": "v2"}, {"checksums": "sums"}, {"version": "v2", "checksums": "sums"}]
+)  # fmt: skip
+def test_the_cache_identifies_a_shard_by_all_the_reader_identifies_it_by(tmp_path: Path, change: dict) -> None:
+    paths = [write_parquet(tmp_path / f"{i}.parquet", list(range(i * 8, i * 8 + 8))) for i in range(3)]
+    sums = {path: f"sha-{i}" for i, path in enumerate(paths)}
+    options = {name: sums if value == "sums" else value for name, value in change.items()}
+    warm = ShardCache(ParquetReader(), tmp_path / "cache", max_bytes=1 << 20)
+    state = ShardedStream(paths, warm, batch_size=4, window=2, seed=3).state_dict(consumed_batches=1)
+    for path in paths:
+        warm.fetch(path)
+    changed = ShardCache(ParquetReader(**options), tmp_path / "cache", max_bytes=1 << 20)
+    assert [changed.identity(path) for path in paths] == [ParquetReader(**options).identity(path) for path in paths]
+    stream = ShardedStream(paths, changed, batch_size=4, window=2, seed=3)
+    with pytest.raises(IncompatibleStateError, match=r"state field 'shards': saved 'several shards of other names"):
+        stream.load_state_dict(state)  # as without the cache
+    with pytest.raises(IncompatibleStateError, match=r"state field 'shards'"):
+        ShardedStream(paths, ParquetReader(**options), batch_size=4, window=2, seed=3).load_state_dict(state)
+
+
+class Labelled(ParquetReader):
+    """A reader of your own that adds to the identity: the cache asks its identity, not the footer's alone."""
+
+    def identity(self, shard: str) -> str:
+        return super().identity(shard) + ";label=mine"
+
+
+def test_an_identity_overridden_by_a_subclass_is_kept_through_the_cache(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "a.parquet", list(range(8)))
+    cache = ShardCache(Labelled(version="v1"), tmp_path / "cache", max_bytes=1 << 20)
+    assert cache.identity(path) == ParquetReader(version="v1").identity(path) + ";label=mine"
 
 
 # -- JSON Lines and file:// URLs
@@ -130,10 +204,34 @@ def test_file_urls_read_the_same_records_as_paths(tmp_path: Path) -> None:
 
 
 def test_missing_and_unknown_urls_name_the_shard(tmp_path: Path) -> None:
-    with pytest.raises(ShardReadError, match="could not open shard 'file:///nonexistent/x.parquet'"):
+    with pytest.raises(ShardReadError, match="could not open shard 'file:///nonexistent/x.parquet': not found"):
         ParquetReader().count("file:///nonexistent/x.parquet")
+    with pytest.raises(ShardReadError, match="could not stat shard 'file:///nonexistent/x.jsonl': not found"):
+        JsonlReader().identity("file:///nonexistent/x.jsonl")
+    with pytest.raises(ShardReadError, match="could not stat shard 'file:///nonexistent/x.parquet': not found"):
+        ShardCache(ParquetReader(), tmp_path / "cache", max_bytes=1).fetch("file:///nonexistent/x.parquet")
     with pytest.raises(ShardReadError, match="no filesystem for shard 'nosuchscheme://b/x.parquet'"):
         ParquetReader().count("nosuchscheme://b/x.parquet")
+
+
+def test_a_missing_s3fs_names_the_remote_extra() -> None:
+    script = (
+        "import sys; sys.modules['s3fs'] = None\n"  # as if it were not installed
+        "from stateful_sampler.stream import ParquetReader\n"
+        "try:\n    ParquetReader().count('s3://bucket/x.parquet')\n"
+        "except Exception as error:\n    print(type(error).__name__, error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert out.stdout.strip() == (
+        "ShardReadError shard 's3://bucket/x.parquet' needs s3fs, which is not installed: "
+        "pip install 'stateful-sampler[remote]'"
+    ), out.stderr
+
+
+def test_gzipped_json_lines_read_through_the_cache(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl.gz", list(range(10)))
+    cache = ShardCache(JsonlReader(), tmp_path / "cache", max_bytes=1 << 20)
+    assert cache.count(path) == 10 and cache.read(path, 2, 4) == [{"x": 2}, {"x": 3}]
 
 
 # -- S3 on a real local server

@@ -73,7 +73,9 @@ class ShardedStream(IterableDataset):
         batch_size: per-rank batch; ``stream.loader(...)`` builds the ``DataLoader`` with it.
         window: k, the shards shuffled together; memory and IO per reader are one window's.
         seed: an int in [0, 2**63).
-        counts: records per shard; read from the reader once when not given.
+        counts: records per shard; read from the reader once when not given. When given, each is checked
+            against the count the reader read with the shard's identity, where it read one (a parquet
+            footer): a contradiction is refused, naming the shard.
         tail: ``"pad"`` (marked repeats even out the ranks) or ``"drop"``.
         num_replicas, rank: default to the process group, or 1 and 0 without one.
         yield_keys: yield ``(record, SampleKey)``; the key's index is the global record index
@@ -126,13 +128,17 @@ class ShardedStream(IterableDataset):
         self._num_replicas = check_optional_int("num_replicas", num_replicas, minimum=1)
         self._rank = check_optional_int("rank", rank)
         self.rank  # noqa: B018 - validates rank against num_replicas now when both are known
+        given = counts is not None
+        prepare = getattr(reader, "prepare", None)
+        if prepare is not None:  # a reader that looks the shards up at once (ShardCache: once per node)
+            prepare(self.shards, counts=not given)
         if counts is None:
             counts = [reader.count(shard) for shard in self.shards]
         if len(counts) != len(self.shards):
             raise ValueError(f"counts must give one count per shard ({len(self.shards)}), got {len(counts)}")
         self.counts = [check_int(f"counts[{i}] ({self.shards[i]!r})", count) for i, count in enumerate(counts)]
         self.order = ShardedShuffle(self.counts, self.window, self.seed)
-        self.identities = shard_identities(reader, self.shards)
+        self.identities = shard_identities(reader, self.shards, self.counts if given else None)
         self.manifest = Manifest.of(self.shards, self.counts, self.identities)
         self._next = _Cursor(0, 0)  # where the next pass starts while no pass has begun since a load or set_epoch
         self._pass: _Pass | None = None  # the last pass begun since then

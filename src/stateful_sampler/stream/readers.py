@@ -22,7 +22,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.extras import missing_extra
-from stateful_sampler.stream.remote import file_identity, open_shard
+from stateful_sampler.stream.remote import StoredIdentity, open_shard, opened_identity, stored_identity
 
 
 @runtime_checkable
@@ -40,12 +40,31 @@ class ShardReader(Protocol):
 #   identity(shard) -> str: what identifies the shard's content (size and modification time, a
 #       footer, an ETag, a version); the stream's state keeps a hash of it and refuses a resume on
 #       a shard whose identity changed.
+#   known_count(shard) -> int | None: the records the last identity(shard) read with it (parquet: the
+#       footer's), None when that read did not say; the stream checks a given ``counts=`` against it.
+#   metadata(shard) -> ShardMetadata and identity_from(shard, metadata) -> str: identity in two steps,
+#       the read of the shard's metadata (what its bytes are) and the reader's own settings (version,
+#       checksums) joined to it; ``ShardCache`` reads the first once per node and asks the second in
+#       each process, so a setting changed in one process changes that process's identity.
+#   prepare(shards, counts=...): called once with the stream's shards before their counts (when
+#       ``counts=True``) and identities are asked, so a reader can look them all up at once (``ShardCache``).
 #   enter_window(shards, next_shards): called before each window, so a reader can fetch ahead and
 #       release what is done (``ShardCache``).
 #   read_span(shard, start, stop) -> Sequence: the same records as ``read``, as a sequence that may
 #       build them only when indexed; with ``records_at(rows)`` it builds many in one call. The stream
 #       reads through it (see ``span_reader``), so a window is decoded once and converted batch by batch.
 #       A span type with a ``join(spans)`` classmethod (``ParquetSpan``) has a window's spans joined into one.
+
+
+@dataclass(frozen=True)
+class ShardMetadata:
+    """What one read of a shard's metadata says: the storage's identity of the bytes read (``stored``),
+    what the format says of them (``content``: a footer's digest), and the records they hold when the
+    format says so without a full read (parquet's footer; None for JSON Lines)."""
+
+    stored: StoredIdentity
+    content: str
+    count: int | None
 
 
 @dataclass
@@ -59,20 +78,36 @@ class ReadStats:
     converted: int = 0
 
 
+def identity_in_two_steps(reader: Any) -> bool:
+    """The reader's ``identity(shard)`` is ``identity_from(shard, metadata(shard))``: it has both, and no
+    ``identity`` overridden below the class that defines them (a subclass that adds to its identity keeps
+    it: ``ShardCache`` then asks that ``identity``, once per process)."""
+    if not callable(getattr(reader, "metadata", None)) or not callable(getattr(reader, "identity_from", None)):
+        return False
+    return _defined_with(reader, "identity_from", "identity")
+
+
+def _defined_with(reader: Any, method: str, other: str) -> bool:
+    """``method`` is defined in the class that defines ``other``, or below it (so it knows of it)."""
+    own = getattr(reader, "__dict__", {})
+    if other in own and method not in own:
+        return False
+    mro = type(reader).__mro__
+    method_owner = next((owner for owner in mro if method in vars(owner)), None)
+    other_owner = next((owner for owner in mro if other in vars(owner)), None)
+    if method_owner is None or other_owner is None:  # set on the instance, or provided by __getattr__
+        return True
+    return issubclass(method_owner, other_owner)
+
+
 def span_reader(reader: Any) -> Callable[[str, int, int], Sequence[Any]]:
     """``reader.read_span`` when it has one, else ``reader.read``. A ``read`` overridden below the class
     that defines ``read_span`` (a subclass of ``ParquetReader`` that filters or logs its records) is what
     the records are, so it wins: the faster path never skips a user's own ``read``."""
     span = getattr(reader, "read_span", None)
-    own = getattr(reader, "__dict__", {})
-    if span is None or ("read" in own and "read_span" not in own):
+    if span is None or not _defined_with(reader, "read_span", "read"):
         return cast(Callable[[str, int, int], Sequence[Any]], reader.read)
-    mro = type(reader).__mro__
-    span_owner = next((owner for owner in mro if "read_span" in vars(owner)), None)
-    read_owner = next((owner for owner in mro if "read" in vars(owner)), None)
-    if span_owner is None or read_owner is None:  # set on the instance, or provided by __getattr__
-        return cast(Callable[[str, int, int], Sequence[Any]], span)
-    return cast(Callable[[str, int, int], Sequence[Any]], span if issubclass(span_owner, read_owner) else reader.read)
+    return cast(Callable[[str, int, int], Sequence[Any]], span)
 
 
 class ParquetSpan(Sequence[dict[str, Any]]):
@@ -149,7 +184,9 @@ class ParquetReader:
     Records are dicts of column values (``pyarrow.Table.to_pylist``); ``columns`` selects some.
     Shards are paths or URLs (``s3://``, ``gs://``, ``https://``, ``file://``; fsspec with
     ``storage_options``). ``version`` (a dataset version) and ``checksums`` (shard -> checksum you
-    computed) join the content identity, which the stream's state checks on resume.
+    computed) join the content identity, which the stream's state checks on resume; a checksum takes
+    the place of the modification time (or ETag), so a touched or copied shard with the same bytes is
+    still the same shard.
 
     Example:
         >>> reader = ParquetReader(columns=["x", "y"], storage_options={"anon": True})  # doctest: +SKIP
@@ -162,32 +199,47 @@ class ParquetReader:
     stats: ReadStats = field(default_factory=ReadStats)
 
     def __post_init__(self) -> None:
-        # The footer the last count read, which the next identity of that shard takes: one read
-        # for both when the stream (or ShardCache) asks for them in turn.
-        self._footer: tuple[str, Any] | None = None
+        # The metadata the last count read, which the next identity of that shard takes (one read for
+        # both when the stream asks for them in turn), and the count the last identity read.
+        self._counted: tuple[str, ShardMetadata] | None = None
+        self._identified: tuple[str, int | None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_footer": None}
+        return {**self.__dict__, "_counted": None, "_identified": None}
 
     def count(self, shard: str) -> int:
-        self._footer = (shard, _footer(shard, self.storage_options))
-        return int(self._footer[1].num_rows)
+        metadata = self.metadata(shard)
+        self._counted = (shard, metadata)
+        return cast(int, metadata.count)
 
     def identity(self, shard: str) -> str:
         """The file's size and modification time (or ETag) and its footer: writer, schema, key-value
-        metadata, and per row group its rows, sizes and each column chunk's min/max statistics."""
-        stored = file_identity(shard, self.storage_options)
-        footer, self._footer = self._footer, None
-        if footer is None or footer[0] != shard:
-            footer = (shard, _footer(shard, self.storage_options))
-        metadata = footer[1]
+        metadata, and per row group its rows, sizes and each column chunk's min/max statistics; then
+        ``version`` and the shard's checksum (see ``identity_from``)."""
+        counted, self._counted = self._counted, None
+        metadata = counted[1] if counted is not None and counted[0] == shard else self.metadata(shard)
+        self._identified = (shard, metadata.count)
+        return self.identity_from(shard, metadata)
+
+    def known_count(self, shard: str) -> int | None:
+        """The rows of ``shard``'s footer as the last ``identity(shard)`` read it (None for another shard)."""
+        return self._identified[1] if self._identified is not None and self._identified[0] == shard else None
+
+    def metadata(self, shard: str) -> ShardMetadata:
+        """The footer alone, and the stored identity of the bytes it was read from (one HEAD and two exact
+        ranged reads on S3)."""
+        stored, metadata = _footer(shard, self.storage_options)
         schema = [(c.path, c.physical_type, str(c.logical_type)) for c in metadata.schema]
         groups = ",".join(_row_group(metadata.row_group(i)) for i in range(metadata.num_row_groups))
         digest = hashlib.sha256(
             f"{metadata.created_by}\0{metadata.num_rows}\0{groups}\0{schema}\0"
             f"{sorted((metadata.metadata or {}).items())}".encode()
         ).hexdigest()[:32]
-        return _identity(self, shard, stored, f"parquet={digest}")
+        return ShardMetadata(stored, f"parquet={digest}", int(metadata.num_rows))
+
+    def identity_from(self, shard: str, metadata: ShardMetadata) -> str:
+        """The identity of a shard whose metadata is ``metadata``, with this reader's ``version`` and checksums."""
+        return _identity(self, shard, metadata)
 
     def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:
         records = cast(list[dict[str, Any]], self._table(shard, start, stop).to_pylist())
@@ -241,8 +293,17 @@ class JsonlReader:
             return sum(1 for line in lines if line.strip())
 
     def identity(self, shard: str) -> str:
-        """Size and modification time (or ETag) of the file: JSON Lines has no footer to read."""
-        return _identity(self, shard, file_identity(shard, self.storage_options), "jsonl")
+        """Size and modification time (or ETag) of the file (JSON Lines has no footer to read), then
+        ``version`` and the shard's checksum (see ``identity_from``)."""
+        return self.identity_from(shard, self.metadata(shard))
+
+    def metadata(self, shard: str) -> ShardMetadata:
+        """The stored identity alone (a stat; a HEAD on S3): counting the records would read the whole shard."""
+        return ShardMetadata(stored_identity(shard, self.storage_options), "jsonl", None)
+
+    def identity_from(self, shard: str, metadata: ShardMetadata) -> str:
+        """The identity of a shard whose metadata is ``metadata``, with this reader's ``version`` and checksums."""
+        return _identity(self, shard, metadata)
 
     def read(self, shard: str, start: int, stop: int) -> list[Any]:
         self.stats.opened += 1
@@ -269,35 +330,42 @@ class JsonlReader:
 
     @contextmanager
     def _lines(self, shard: str) -> Iterator[Iterator[bytes]]:
+        """The shard's lines, unzipped when its bytes are gzip's (by their magic number, not the name:
+        ``ShardCache`` hands the reader a copy whose name has no ``.gz``)."""
         with open_shard(shard, self.storage_options) as raw:
-            file = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw, 1 << 20)
-            if not shard.endswith(".gz"):
+            file = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw, 1 << 20)
+            if file.peek(2)[:2] != _GZIP_MAGIC:
                 yield file
                 return
             with gzip.open(file) as unzipped:
                 yield unzipped
 
 
-def _identity(reader: Any, shard: str, stored: str, content: str) -> str:
-    """One string for the stream's state: the storage's identity of the bytes (``stored``), what
-    the format says about them, and the user's version and checksum when given."""
-    parts = [stored, content]
+def _identity(reader: Any, shard: str, metadata: ShardMetadata) -> str:
+    """One string for the stream's state: the storage's identity of the bytes, what the format says
+    about them, and the user's version and checksum when given. A checksum identifies the content by
+    itself, so with ``checksums`` the modification time (or ETag) is left out: a copied or touched
+    shard with the same bytes keeps its identity."""
+    if reader.checksums is not None and shard not in reader.checksums:
+        raise ValueError(f"checksums has no entry for shard {shard!r}: give one per shard, or none")
+    stored = f"size={metadata.stored.size}" if reader.checksums is not None else str(metadata.stored)
+    parts = [stored, metadata.content]
     if reader.version is not None:
         parts.append(f"version={reader.version}")
     if reader.checksums is not None:
-        if shard not in reader.checksums:
-            raise ValueError(f"checksums has no entry for shard {shard!r}: give one per shard, or none")
         parts.append(f"checksum={reader.checksums[shard]}")
     return ";".join(parts)
 
 
-def _footer(shard: str, storage_options: Mapping[str, Any] | None) -> Any:
+def _footer(shard: str, storage_options: Mapping[str, Any] | None) -> tuple[StoredIdentity, Any]:
     """The parquet footer alone, in two exact reads (its length, then it), so counting a remote
-    shard moves its footer's bytes and no more (pyarrow would read the last 64 KiB)."""
+    shard moves its footer's bytes and no more (pyarrow would read the last 64 KiB); and the stored
+    identity of the bytes it was read from."""
     pq = _parquet_module()
     import pyarrow as pa
 
     with open_shard(shard, storage_options) as file:
+        stored = opened_identity(shard, file, storage_options)
         try:
             size = file.seek(0, io.SEEK_END)
             file.seek(max(size - 8, 0))
@@ -307,11 +375,14 @@ def _footer(shard: str, storage_options: Mapping[str, Any] | None) -> Any:
                 raise ValueError("not a parquet file: no PAR1 footer")
             file.seek(size - 8 - length)
             footer = file.read(length)
-            return pq.read_metadata(pa.py_buffer(b"PAR1" + footer + tail))
+            return stored, pq.read_metadata(pa.py_buffer(b"PAR1" + footer + tail))
         except ShardReadError:
             raise
         except Exception as error:  # ValueError above, ArrowInvalid for a corrupt footer
             raise ShardReadError(f"could not open shard {shard!r}: {error}") from error
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _row_group(group: Any) -> str:

@@ -8,19 +8,38 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from stateful_sampler.errors import ShardReadError
 
 #: Bytes read from remote storage by this process (all readers and the cache), for accounting.
 transferred = [0]
+_transferred_lock = threading.Lock()
+_this_thread = threading.local()
 
 # What fsspec's ``info`` reports that changes when an object's content changes, by backend:
 # S3 and HTTP ETag, GCS generation and hashes, Azure etag; the time of the last write only when
 # none of those is there (a re-upload of the same bytes keeps its ETag, not its time).
 _CONTENT_KEYS = ("ETag", "etag", "generation", "md5Hash", "crc32c", "content_md5")
 _TIME_KEYS = ("mtime", "LastModified", "last_modified", "created")
+# The packages of the `remote` extra; another backend's package (gcsfs, adlfs, aiohttp) is installed by name.
+_REMOTE_EXTRA = ("fsspec", "s3fs")
+
+
+@dataclass(frozen=True)
+class StoredIdentity:
+    """What the storage says about a shard's bytes without reading them: the size, and what changes with
+    the content (``mtime_ns=`` for a path, ``ETag=`` / ``generation=`` for object storage; empty when the
+    storage says nothing more). ``str()`` is the form the stream's state hashes."""
+
+    size: int | None
+    version: str
+
+    def __str__(self) -> str:
+        return f"size={self.size}" + (f";{self.version}" if self.version else "")
 
 
 def is_url(shard: str) -> bool:
@@ -37,8 +56,23 @@ def filesystem(shard: str, storage_options: Mapping[str, Any] | None = None) -> 
         raise ShardReadError(f"shard {shard!r} is a URL: pip install 'stateful-sampler[remote]' (fsspec)") from error
     try:
         return fsspec.core.url_to_fs(shard, **dict(storage_options or {}))
-    except (ImportError, ValueError) as error:  # an unknown scheme, or its package (s3fs, gcsfs) missing
+    except ImportError as error:  # the scheme's package (s3fs, gcsfs) is missing: fsspec says which
+        missing = getattr(error.__cause__, "name", None) or getattr(error, "name", None) or "its fsspec backend"
+        fix = "pip install 'stateful-sampler[remote]'" if missing in _REMOTE_EXTRA else f"pip install {missing}"
+        raise ShardReadError(f"shard {shard!r} needs {missing}, which is not installed: {fix}") from error
+    except ValueError as error:  # an unknown scheme
         raise ShardReadError(f"no filesystem for shard {shard!r}: {error}") from error
+
+
+def thread_transferred() -> int:
+    """Bytes read from remote storage by this thread so far: what one call moved, when calls run in threads."""
+    return int(getattr(_this_thread, "bytes", 0))
+
+
+def _count(size: int) -> None:
+    with _transferred_lock:
+        transferred[0] += size
+    _this_thread.bytes = thread_transferred() + size
 
 
 class _Counted(io.RawIOBase):
@@ -46,6 +80,11 @@ class _Counted(io.RawIOBase):
 
     def __init__(self, file: Any) -> None:
         self._file = file
+
+    @property
+    def details(self) -> Any:
+        """fsspec's ``info`` of the object as it was opened (None when the file does not keep it)."""
+        return getattr(self._file, "details", None)
 
     def readable(self) -> bool:
         return True
@@ -55,7 +94,7 @@ class _Counted(io.RawIOBase):
 
     def read(self, size: int = -1) -> bytes:
         data = self._file.read(size)
-        transferred[0] += len(data)
+        _count(len(data))
         return data
 
     def readinto(self, buffer: Any) -> int:
@@ -75,7 +114,8 @@ class _Counted(io.RawIOBase):
 
 
 def open_shard(shard: str, storage_options: Mapping[str, Any] | None = None) -> Any:
-    """A binary, seekable file for a path or URL; ``ShardReadError`` naming the shard if it cannot be opened."""
+    """A binary, seekable file for a path or URL; ``ShardReadError`` naming the shard if it cannot be opened
+    (saying "not found" for a missing one)."""
     try:
         if not is_url(shard):
             return open(shard, "rb")
@@ -83,24 +123,47 @@ def open_shard(shard: str, storage_options: Mapping[str, Any] | None = None) -> 
         return _Counted(fs.open(path, "rb", cache_type="none"))  # exact ranges: a footer read is the footer
     except ShardReadError:
         raise
-    except Exception as error:  # FileNotFoundError, PermissionError, botocore's ClientError, ...
+    except FileNotFoundError as error:
+        raise ShardReadError(f"could not open shard {shard!r}: not found ({error})") from error
+    except Exception as error:  # PermissionError, botocore's ClientError, ...
         raise ShardReadError(f"could not open shard {shard!r}: {error}") from error
 
 
-def file_identity(shard: str, storage_options: Mapping[str, Any] | None = None) -> str:
+def stored_identity(shard: str, storage_options: Mapping[str, Any] | None = None) -> StoredIdentity:
     """What the storage says about the shard's bytes: size plus modification time (a path), or size
-    plus ETag / generation / hash (object storage), without reading the content."""
+    plus ETag / generation / hash (object storage), without reading the content (one HEAD on S3)."""
     try:
         if not is_url(shard):
-            stat = os.stat(shard)
-            return f"size={stat.st_size};mtime_ns={stat.st_mtime_ns}"
+            return _of_stat(os.stat(shard))
         fs, path = filesystem(shard, storage_options)
         info = fs.info(path)
     except ShardReadError:
         raise
+    except FileNotFoundError as error:
+        raise ShardReadError(f"could not stat shard {shard!r}: not found ({error})") from error
     except Exception as error:
         raise ShardReadError(f"could not stat shard {shard!r}: {error}") from error
-    parts = [f"size={info.get('size')}"]
+    return _of_info(info)
+
+
+def opened_identity(shard: str, file: Any, storage_options: Mapping[str, Any] | None = None) -> StoredIdentity:
+    """The stored identity of the bytes ``file`` (from ``open_shard``) reads: a path's by ``fstat`` of the open
+    file, an object's from what fsspec learned when it opened it (on S3 the HEAD that also makes each
+    ranged read conditional on that ETag), so no further request, and no gap in which the object could change."""
+    if not is_url(shard):
+        return _of_stat(os.fstat(file.fileno()))
+    details = getattr(file, "details", None)
+    if isinstance(details, Mapping) and details.get("size") is not None:
+        return _of_info(details)
+    return stored_identity(shard, storage_options)  # a backend whose files keep no info (file://): a stat
+
+
+def _of_stat(stat: os.stat_result) -> StoredIdentity:
+    return StoredIdentity(stat.st_size, f"mtime_ns={stat.st_mtime_ns}")
+
+
+def _of_info(info: Mapping[str, Any]) -> StoredIdentity:
     content = [f"{key}={info[key]}" for key in _CONTENT_KEYS if info.get(key) not in (None, "")]
-    parts += content or [f"{key}={info[key]}" for key in _TIME_KEYS if info.get(key) not in (None, "")]
-    return ";".join(parts)
+    version = content or [f"{key}={info[key]}" for key in _TIME_KEYS if info.get(key) not in (None, "")]
+    size = info.get("size")
+    return StoredIdentity(None if size is None else int(size), ";".join(version))

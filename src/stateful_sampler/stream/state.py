@@ -61,19 +61,30 @@ def _shard_hash(name: str, count: int, identity: str | None) -> int:
     return int.from_bytes(raw[:8], "little") % PRIME
 
 
-def shard_identities(reader: Any, names: Sequence[str]) -> list[str] | None:
-    """Each shard's content identity from the reader's optional ``identity(shard) -> str``, else None."""
+def shard_identities(reader: Any, names: Sequence[str], counts: Sequence[int] | None = None) -> list[str] | None:
+    """Each shard's content identity from the reader's optional ``identity(shard) -> str``, else None.
+
+    ``counts``, when the user gave them, are checked against what the reader's optional
+    ``known_count(shard)`` says it read with each identity (a parquet footer holds the true count): a
+    stale count would deliver other records than the shard holds, with no error."""
     identity = getattr(reader, "identity", None)
     if identity is None:
         return None
+    known_count = getattr(reader, "known_count", None) if counts is not None else None
     identities = []
-    for name in names:
+    for index, name in enumerate(names):
         value = identity(name)
         if not isinstance(value, str):
             raise TypeError(
                 f"{type(reader).__name__}.identity({name!r}) must return a str, got {type(value).__name__} {value!r}"
             )
         identities.append(value)
+        true = None if known_count is None else known_count(name)
+        if true is not None and counts is not None and true != counts[index]:
+            raise ValueError(
+                f"counts[{index}] ({name!r}) is {counts[index]}, but the shard holds {true} records (read with its "
+                f"identity): pass counts[{index}]={true}, or leave counts unset to read every count"
+            )
     return identities
 
 
