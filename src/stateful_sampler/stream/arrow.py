@@ -19,7 +19,7 @@ from stateful_sampler.errors import ShardReadError
 from stateful_sampler.extras import missing_extra
 from stateful_sampler.stream.formats import content_identity, digest
 from stateful_sampler.stream.readers import ParquetSpan, ReadStats
-from stateful_sampler.stream.remote import file_identity, is_url, open_shard
+from stateful_sampler.stream.remote import is_url, open_shard, stored_identity
 
 _FILE_MAGIC = b"ARROW1"
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # what closing a stream writes (Arrow >= 0.15)
@@ -89,7 +89,7 @@ class ArrowReader:
         file's features and fingerprint) and its record batches' row counts."""
         schema, batches = self._batches(shard)
         content = f"arrow={digest(schema.serialize().to_pybytes(), [batch.num_rows for batch in batches])}"
-        return content_identity(shard, file_identity(shard, self.storage_options), content, self.version,
+        return content_identity(shard, str(stored_identity(shard, self.storage_options)), content, self.version,
                                 self.checksums)  # fmt: skip
 
     def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:

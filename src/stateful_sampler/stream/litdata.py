@@ -31,7 +31,7 @@ from stateful_sampler.stream.formats import (
     shard_bytes,
 )
 from stateful_sampler.stream.readers import ParquetSpan, ReadStats
-from stateful_sampler.stream.remote import file_identity, is_url, open_shard
+from stateful_sampler.stream.remote import is_url, open_shard, stored_identity
 
 _FOOTER_MAGIC = b"LDARW01\0"
 # litdata's _NUMPY_SCTYPES order (constants.py): a numpy leaf's dtype is its index in this list.
@@ -195,7 +195,7 @@ class LitDataReader:
         """The file's size and modification time (or ETag), its entry in ``index.json`` and the config."""
         chunk = self._chunk(shard) or {"chunk_size": self.count(shard)}
         content = f"litdata={digest(json.dumps([chunk, self._config], sort_keys=True))}"
-        return content_identity(shard, file_identity(shard, self.storage_options), content, self.version,
+        return content_identity(shard, str(stored_identity(shard, self.storage_options)), content, self.version,
                                 self.checksums)  # fmt: skip
 
     def read(self, shard: str, start: int, stop: int) -> list[Any]:

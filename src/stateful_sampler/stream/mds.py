@@ -32,7 +32,7 @@ from stateful_sampler.stream.formats import (
     shard_bytes,
 )
 from stateful_sampler.stream.readers import ReadStats
-from stateful_sampler.stream.remote import file_identity, is_url, open_shard
+from stateful_sampler.stream.remote import is_url, open_shard, stored_identity
 
 _SCALARS = {name: np.dtype(name) for name in ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
                                              "float16", "float32", "float64")}  # fmt: skip
@@ -213,7 +213,7 @@ class MDSReader:
         sample count, sizes and hashes of its files)."""
         entry = self._entry(shard) or {"samples": self.count(shard), "columns": self.columns}
         content = f"mds={digest(json.dumps(entry, sort_keys=True))}"
-        return content_identity(shard, file_identity(shard, self.storage_options), content, self.version,
+        return content_identity(shard, str(stored_identity(shard, self.storage_options)), content, self.version,
                                 self.checksums)  # fmt: skip
 
     def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ from typing import Any
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.stream.formats import SlicedSpan, content_identity, digest, user_cache_dir
 from stateful_sampler.stream.readers import ReadStats
-from stateful_sampler.stream.remote import file_identity, is_url, open_shard
+from stateful_sampler.stream.remote import is_url, open_shard, stored_identity
 
 _INDEX_FORMAT = "stateful-sampler tar index"
 _INDEX_VERSION = 2
@@ -176,7 +176,7 @@ class TarReader:
         """The file's size and modification time (or ETag), and the digest of its index: every record's
         key and its files' names, offsets and sizes."""
         content = f"tar={self._summary(shard)[1]}"
-        return content_identity(shard, file_identity(shard, self.storage_options), content, self.version,
+        return content_identity(shard, str(stored_identity(shard, self.storage_options)), content, self.version,
                                 self.checksums)  # fmt: skip
 
     def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:
@@ -207,7 +207,7 @@ class TarReader:
 
     def index(self, shard: str) -> TarIndex:
         """The shard's index: from memory, from its index file while it fits the shard, else built."""
-        stored = file_identity(shard, self.storage_options)
+        stored = str(stored_identity(shard, self.storage_options))
         known = self._indexes.get(shard)
         if known is not None and known[0] == stored:
             self._indexes.move_to_end(shard)
@@ -226,7 +226,7 @@ class TarReader:
 
     def _summary(self, shard: str) -> tuple[int, str]:
         """(records, index digest): from memory, the index file's first line, or the index built."""
-        stored = file_identity(shard, self.storage_options)
+        stored = str(stored_identity(shard, self.storage_options))
         known = self._summaries.get(shard)
         if known is None or known[0] != stored:
             loaded = self._load(shard, stored, whole=False)
