@@ -13,7 +13,7 @@ from stateful_sampler.checks import check_bool, check_int
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
 from stateful_sampler.order.rows import RowOrder, Slice
-from stateful_sampler.row_sampler import KeyedList, RowSampler
+from stateful_sampler.packing.base import KeyedList, RowSampler
 
 DEFAULT_WINDOW = 4096
 
