@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
 from stateful_sampler import PackedRows, TokenBudgetBatches
-from stateful_sampler.row_sampler import RowSampler
+from stateful_sampler.packing.base import RowSampler
 from tests.test_twin_sampler import SamplerTwins
 from tests.twin_helpers import outcome
 

@@ -23,13 +23,13 @@ from stateful_sampler.order.mixing import (
     worker_seed,
 )
 from stateful_sampler.seeding import (
-    _TORCH_GENERATOR,
     SampleRNG,
     SeededDataset,
     WorkerSeeds,
     seed_globals,
     seed_worker,
 )
+from stateful_sampler.seeding.generators import TORCH_GENERATOR_WORDS
 
 U64 = st.integers(0, 2**64 - 1)
 
@@ -137,7 +137,7 @@ def test_torch_streams_use_all_64_bits_of_the_seed():
 def test_torch_generator_runs_the_derived_mt19937_state():
     """torch's generator continues exactly the MT19937 stream NumPy runs from the same 624 words."""
     seed = 0xDEADBEEF12345678
-    words = seed_words(seed, _TORCH_GENERATOR.start, _TORCH_GENERATOR.stop)
+    words = seed_words(seed, TORCH_GENERATOR_WORDS.start, TORCH_GENERATOR_WORDS.stop)
     reference = np.random.MT19937()
     reference.state = {"bit_generator": "MT19937", "state": {"key": words, "pos": 624}}
     expected = (reference.random_raw(1000) & 0xFFFFFF) / 2**24  # torch.rand's float32 from one word

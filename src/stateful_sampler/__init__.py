@@ -19,8 +19,7 @@ from stateful_sampler.order.policies import Order, Tail
 from stateful_sampler.order.strategy import Strategy, Uniform
 from stateful_sampler.order.stratified import Stratified
 from stateful_sampler.order.weighted import Weighted
-from stateful_sampler.packed_dataset import PackedDataset
-from stateful_sampler.packed_rows import PackedRows, RowPlan
+from stateful_sampler.packing import Batch, PackedDataset, PackedRows, RowPlan, TokenBudgetBatches
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.seeding import (
     GlobalRNGThreadError,
@@ -31,7 +30,6 @@ from stateful_sampler.seeding import (
     seed_worker,
 )
 from stateful_sampler.state import SamplerState
-from stateful_sampler.token_budget import Batch, TokenBudgetBatches
 
 __version__ = "0.2.0"
 

@@ -1,5 +1,8 @@
 """Which record sits at each stream position: a strategy's pass orders, or torch's ``randperm``.
 
+A stream position is a place in the passes laid end to end (``order/layout.py``: pass p holds positions
+[p*N, (p+1)*N)), which ``carry`` reads across; ``PassRecords`` answers for it pass by pass.
+
 The only torch here is ``order="torch"``: the uniform strategy's exact ``DistributedSampler``
 sequence. Everything else comes from the pure strategies in ``order/``.
 """
@@ -18,7 +21,7 @@ from stateful_sampler.order.strategy import PassOrder, Strategy, Uniform
 MAX_TORCH_SIZE = 1 << 31
 
 
-class StreamRecords:
+class PassRecords:
     """Maps stream positions to records, pass by pass, keeping the last two passes' orders (``carry``
     reads across one pass boundary at a time, and a pass's set-up is paid once)."""
 

@@ -29,7 +29,7 @@ from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, Epoch
 from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.policies import Order, Tail
 from stateful_sampler.order.strategy import Strategy, Uniform
-from stateful_sampler.records import MAX_TORCH_SIZE, StreamRecords
+from stateful_sampler.records import MAX_TORCH_SIZE, PassRecords
 from stateful_sampler.state import STATE_VERSION, SamplerState
 
 _FIRST_BLOCK = 1024  # small, so the first batch after a resume is quick
@@ -170,7 +170,7 @@ class StatefulSampler(DistributedSampler):
             )
         self.strategy = _checked_strategy(strategy, self.size, self.shuffle, self.order, self.tail)
         self.strategy = self.strategy.for_sampler(self.batch_size, self.num_replicas)
-        self._records = StreamRecords(self.strategy, self.order, self.seed, self.size)
+        self._records = PassRecords(self.strategy, self.order, self.seed, self.size)
         self._cursor = _Cursor(epoch=0, position=0, carry_start=0)
         self._pass: _Pass | None = None
         self._latest: object | None = None  # the newest iterator's token: only its pass moves the state

@@ -14,7 +14,7 @@ from stateful_sampler.audit.mates import FedBatches, count_mates, plan_sample, s
 from stateful_sampler.audit.report import AuditReport, AuditSettings, EpochComposition, EpochReport, RecordCounts
 from stateful_sampler.audit.setup import rank_samplers
 from stateful_sampler.checks import check_int
-from stateful_sampler.row_sampler import RowSampler
+from stateful_sampler.packing.base import RowSampler
 
 
 def audit(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stateful_sampler.checks import check_int
-from stateful_sampler.row_sampler import RowSampler
+from stateful_sampler.packing.base import RowSampler
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import numpy as np
 from stateful_sampler.checks import check_bool, check_int
 from stateful_sampler.keys import KeyedDataset, SampleKey, require_key
 from stateful_sampler.order.mixing import MASK64, Domain, derive_seed, extend_seed, sample_seeds
+from stateful_sampler.seeding.generators import SampleRNG
 from stateful_sampler.seeding.process_rngs import GLOBAL_RNGS, global_seeds, seeded_globals
-from stateful_sampler.seeding.streams import SampleRNG
 
 _MAX_SEED = 2**63 - 1
 _VECTOR_FROM = 8  # from about this many samples, deriving their seeds in NumPy beats a Python loop

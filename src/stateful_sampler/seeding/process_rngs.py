@@ -27,8 +27,8 @@ import torch
 
 from stateful_sampler.errors import GlobalRNGThreadError
 from stateful_sampler.order.mixing import seed_word_rows, seed_words
+from stateful_sampler.seeding.generators import NUMPY_WORDS, TORCH_WORDS, torch_states
 from stateful_sampler.seeding.legacy_mt import LegacyMT, c_seed
-from stateful_sampler.seeding.streams import _NUMPY, _TORCH, torch_states
 
 GLOBAL_RNGS = ("random", "numpy", "torch")
 _python = random._inst  # type: ignore[attr-defined]  # the instance behind random.random, random.seed, ...
@@ -48,12 +48,12 @@ class GlobalSeeds:
 
 def global_seeds(seeds: np.ndarray, torch_seeded: bool) -> GlobalSeeds:
     """The seeds ``seed_globals`` derives from each of ``seeds`` (uint64), for a batch at once."""
-    stop = _TORCH.stop if torch_seeded else _NUMPY.stop
+    stop = TORCH_WORDS.stop if torch_seeded else NUMPY_WORDS.stop
     words = seed_words(int(seeds[0]), 0, stop)[None, :] if len(seeds) == 1 else seed_word_rows(seeds, 0, stop)
-    pairs = words[:, : _NUMPY.stop].astype(np.uint64)
+    pairs = words[:, : NUMPY_WORDS.stop].astype(np.uint64)
     python = (pairs[:, 0] | pairs[:, 1] << np.uint64(32)).tolist()
     numpy = (pairs[:, 2] | pairs[:, 3] << np.uint64(32)).tolist()
-    return GlobalSeeds(python, numpy, torch_states(seeds, words[:, _TORCH]) if torch_seeded else None)
+    return GlobalSeeds(python, numpy, torch_states(seeds, words[:, TORCH_WORDS]) if torch_seeded else None)
 
 
 def check_main_thread() -> None:

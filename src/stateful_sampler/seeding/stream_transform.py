@@ -15,7 +15,7 @@ from typing import Any
 from stateful_sampler.checks import check_int
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.mixing import Domain, derive_seed, extend_seed
-from stateful_sampler.seeding.streams import SampleRNG
+from stateful_sampler.seeding.generators import SampleRNG
 
 _MAX_SEED = 2**63 - 1
 

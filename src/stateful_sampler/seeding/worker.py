@@ -10,7 +10,7 @@ from torch.utils.data import get_worker_info
 
 from stateful_sampler.checks import check_int
 from stateful_sampler.order.mixing import MASK64, worker_seed
-from stateful_sampler.seeding.streams import seed_globals
+from stateful_sampler.seeding.generators import seed_globals
 
 
 class WorkerSeeds(NamedTuple):

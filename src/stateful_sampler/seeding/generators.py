@@ -1,7 +1,7 @@
-"""What a seed becomes in each RNG: the word layout shared by worker and sample seeding, and the explicit
-per-sample generators.
+"""What a seed becomes in each RNG generator: the word layout shared by worker and sample seeding, and the
+explicit per-sample generators.
 
-Every stream depends on all 64 bits of its seed. Each stream takes its own words of the seed's word stream
+Every generator depends on all 64 bits of its seed. Each takes its own words of the seed's words
 (``order.mixing.seed_words``), so no two of them share draws. Python and NumPy take 64 bits through their own
 array seeding; torch would keep only 32 bits of a seed, so its generators take a whole MT19937 state.
 """
@@ -18,22 +18,23 @@ from torch import Generator as TorchGenerator
 from stateful_sampler.order.mixing import seed_words
 
 _MT_WORDS = 624  # an MT19937 state, the generator behind random, NumPy's global RNG and torch's CPU RNG
-_PYTHON, _NUMPY = slice(0, 2), slice(2, 4)
-_TORCH = slice(4, 4 + _MT_WORDS)
-_TORCH_GENERATOR = slice(_TORCH.stop, _TORCH.stop + _MT_WORDS)
+# The word layout: which of a seed's words (``seed_words(seed, start, stop)``) each generator takes.
+PYTHON_WORDS, NUMPY_WORDS = slice(0, 2), slice(2, 4)  # the global random and NumPy's legacy global RNG
+TORCH_WORDS = slice(4, 4 + _MT_WORDS)  # torch's global CPU RNG
+TORCH_GENERATOR_WORDS = slice(TORCH_WORDS.stop, TORCH_WORDS.stop + _MT_WORDS)  # ``SampleRNG.torch``
 # torch's CPU generator state (``CPUGeneratorImplState``): the initial seed (u64), left (i32),
 # seeded (i32), next (u64), the 624 MT19937 words (each as u64), then cached normals; 5056 bytes.
 _TORCH_STATE_BYTES = 5056
-_TORCH_SEED, _TORCH_WORDS = slice(0, 8), slice(24, 24 + 8 * _MT_WORDS)
+_SEED_BYTES, _WORD_BYTES = slice(0, 8), slice(24, 24 + 8 * _MT_WORDS)
 
 
 def seed_globals(seed: int) -> None:
     """Seed Python ``random``, NumPy's global RNG and torch's CPU RNG from one 64-bit seed."""
-    words = seed_words(seed, 0, _TORCH.stop)
-    low, high = words[_PYTHON].tolist()
+    words = seed_words(seed, 0, TORCH_WORDS.stop)
+    low, high = words[PYTHON_WORDS].tolist()
     random.seed(low | high << 32)
-    np.random.seed(words[_NUMPY])
-    torch.set_rng_state(_torch_state(seed, words[_TORCH]))
+    np.random.seed(words[NUMPY_WORDS])
+    torch.set_rng_state(_torch_state(seed, words[TORCH_WORDS]))
 
 
 def _torch_state(seed: int, words: np.ndarray) -> torch.Tensor:
@@ -45,8 +46,8 @@ def torch_states(seeds: np.ndarray, words: np.ndarray) -> np.ndarray:
     """Row ``i``: the state of ``_torch_state(seeds[i], words[i])``, for a batch at once."""
     states = np.empty((len(seeds), _TORCH_STATE_BYTES), dtype=np.uint8)
     states[:] = _torch_state_template()
-    states[:, _TORCH_SEED] = seeds.astype(np.uint64).view(np.uint8).reshape(-1, 8)  # torch.initial_seed() reports it
-    states[:, _TORCH_WORDS] = words.astype(np.uint64).view(np.uint8)
+    states[:, _SEED_BYTES] = seeds.astype(np.uint64).view(np.uint8).reshape(-1, 8)  # torch.initial_seed() reports it
+    states[:, _WORD_BYTES] = words.astype(np.uint64).view(np.uint8)
     return states
 
 
@@ -72,8 +73,8 @@ def _torch_state_template() -> np.ndarray:
 class SampleRNG:
     """Explicit generators for one sample, for transforms that take a generator instead of the globals.
 
-    Each is built on first use from the sample's 64-bit ``seed``, and draws a stream of its own,
-    independent of the global streams seeded for the same sample.
+    Each is built on first use from the sample's 64-bit ``seed``, and draws on its own, independently
+    of the global generators seeded for the same sample.
     """
 
     def __init__(self, seed: int) -> None:
@@ -86,6 +87,6 @@ class SampleRNG:
     @cached_property
     def torch(self) -> TorchGenerator:
         generator = TorchGenerator()
-        words = seed_words(self.seed, _TORCH_GENERATOR.start, _TORCH_GENERATOR.stop)
+        words = seed_words(self.seed, TORCH_GENERATOR_WORDS.start, TORCH_GENERATOR_WORDS.stop)
         generator.set_state(_torch_state(self.seed, words))
         return generator

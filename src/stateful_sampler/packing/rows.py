@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from stateful_sampler.checks import check_bool, check_int
+from stateful_sampler.checks import check_bool
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
-from stateful_sampler.order.rows import RowOrder, Slice
-from stateful_sampler.row_sampler import KeyedList, RowSampler
-
-DEFAULT_WINDOW = 4096
+from stateful_sampler.order.rows import Slice
+from stateful_sampler.packing.base import DEFAULT_WINDOW, KeyedList, RowSampler, row_order
 
 
 class RowPlan(KeyedList):
@@ -59,23 +56,22 @@ class PackedRows(RowSampler):
         batch_size: int | None = None,
         truncate: bool = False,
     ) -> None:
-        array = token_lengths(lengths)
-        self.seq_len = check_int("seq_len", seq_len, minimum=1, maximum=MAX_TOKENS)
         self.split_records = check_bool("split_records", split_records)
         check_bool("truncate", truncate)
         if truncate and split_records:
             raise ValueError("truncate=True applies to split_records=False only: split rows never exceed seq_len")
-        if not split_records and not truncate:
-            refuse_longer(array, self.seq_len, "seq_len", "pass truncate=True to keep its first seq_len tokens")
-        order = RowOrder(
-            array,
-            self.seq_len,
-            seed=check_int("seed", seed, maximum=(1 << 63) - 1),
-            split=split_records,
-            window=check_int("window", window, minimum=1),
-            truncate=truncate,
+        order = row_order(
+            lengths,
+            "seq_len",
+            seq_len,
+            seed=seed,
+            window=window,
             name="packed-rows" if split_records else "packed-whole-rows",
+            longer=None if split_records or truncate else "pass truncate=True to keep its first seq_len tokens",
+            split=split_records,
+            truncate=truncate,
         )
+        self.seq_len = order.capacity
         super().__init__(order, num_replicas=num_replicas, rank=rank, tail=tail, batch_size=batch_size)
 
     def _settings(self) -> dict[str, Any]:

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from stateful_sampler.checks import check_bool, check_int
+from stateful_sampler.checks import check_bool
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
-from stateful_sampler.order.rows import RowOrder
-from stateful_sampler.packed_rows import DEFAULT_WINDOW
-from stateful_sampler.row_sampler import KeyedList, RowSampler
+from stateful_sampler.packing.base import DEFAULT_WINDOW, KeyedList, RowSampler, row_order
 
 
 class Batch(KeyedList):
@@ -57,20 +54,19 @@ class TokenBudgetBatches(RowSampler):
         tail: str = "pad",
         yield_keys: bool = False,
     ) -> None:
-        array = token_lengths(lengths)
-        self.max_tokens = check_int("max_tokens", max_tokens, minimum=1, maximum=MAX_TOKENS)
         self.padded = check_bool("padded", padded)
-        refuse_longer(array, self.max_tokens, "max_tokens", "every batch holds whole records: raise max_tokens")
         self.keyed = check_bool("yield_keys", yield_keys)
-        order = RowOrder(
-            array,
-            self.max_tokens,
-            seed=check_int("seed", seed, maximum=(1 << 63) - 1),
-            split=False,
-            window=check_int("window", window, minimum=1),
-            padded=self.padded,
+        order = row_order(
+            lengths,
+            "max_tokens",
+            max_tokens,
+            seed=seed,
+            window=window,
             name="token-budget",
+            longer="every batch holds whole records: raise max_tokens",
+            padded=self.padded,
         )
+        self.max_tokens = order.capacity
         # one item is one batch: ResumableLoader counts batches as items
         super().__init__(order, num_replicas=num_replicas, rank=rank, tail=tail, batch_size=1)
 

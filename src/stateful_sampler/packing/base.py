@@ -1,5 +1,7 @@
 """A ``StatefulSampler`` over rows of a ``RowOrder``: the sampler's machinery, plus a resume anchor in the state.
 
+Also the steps both row samplers take before it (``row_order``) and their default ``window``.
+
 The sampler strides through row indices as it does through records (tails, ranks, elastic resume,
 keys, ``consumed_batches``); the subclasses turn each row index into what they yield. A row's window
 starts where the windows before it end, which is only known by walking them, so the state gains one
@@ -23,6 +25,7 @@ from stateful_sampler.checks import check_int
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_EPOCH
+from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
 from stateful_sampler.order.rows import PassRows, RowOrder
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.state import SamplerState
@@ -35,6 +38,42 @@ _FIELDS = {
     2: ("version", "pass", "window", "start", "rows", "settings", "check"),
 }
 _IDENTITY = ("size", "seed", "strategy", "strategy_fingerprint")
+
+DEFAULT_WINDOW = 4096  # shuffle positions per window: the unit of packing and of a resume's cost
+
+
+def row_order(
+    lengths: Any,
+    budget_name: str,
+    budget: int,
+    *,
+    seed: int,
+    window: int,
+    name: str,
+    longer: str | None,
+    split: bool = False,
+    padded: bool = False,
+    truncate: bool = False,
+) -> RowOrder:
+    """The ``RowOrder`` a row sampler is built on, from its arguments, checked in this order: the lengths, the
+    budget (``budget_name``: ``seq_len`` or ``max_tokens``), a record longer than the budget (refused with the
+    advice ``longer``; ``None``: every record fits, as split or truncated rows), the seed and the window. The
+    caller checks its flags (``split``, ``padded``, ``truncate``) first: written once, so the two samplers
+    refuse the same bad value with the same error."""
+    array = token_lengths(lengths)
+    capacity = check_int(budget_name, budget, minimum=1, maximum=MAX_TOKENS)
+    if longer is not None:
+        refuse_longer(array, capacity, budget_name, longer)
+    return RowOrder(
+        array,
+        capacity,
+        seed=check_int("seed", seed, maximum=(1 << 63) - 1),
+        split=split,
+        window=check_int("window", window, minimum=1),
+        padded=padded,
+        truncate=truncate,
+        name=name,
+    )
 
 
 class KeyedList(list):  # type: ignore[type-arg]

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from stateful_sampler.checks import check_choice, check_int
-from stateful_sampler.packed_rows import PackedRows, RowPlan
+from stateful_sampler.packing.rows import PackedRows, RowPlan
 
 IGNORE = -100  # the label the loss skips (torch's and HF's default ignore_index)
 
