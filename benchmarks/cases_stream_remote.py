@@ -210,11 +210,12 @@ def _chunked(span: Any, order: np.ndarray, chunk: int = 1024) -> Any:
     return (span.records_at(order[begin : begin + chunk]) for begin in range(0, len(order), chunk))
 
 
-def run(quick: bool, reader_counts: tuple[int, ...] = (1, 8, 32)) -> list[tuple[str, Any]]:
+def run(quick: bool, reader_counts: tuple[int, ...] = (1, 8, 32), smoke: bool = False) -> list[tuple[str, Any]]:
+    """``smoke``: 4 shards of 256 rows, to check that the figure runs (``python -m benchmarks --smoke``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.s3_server import s3_server
 
-    shards, rows = (16, 2048) if quick else (16, 8192)
+    shards, rows = (4, 256) if smoke else (16, 2048) if quick else (16, 8192)
     out: list[tuple[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch, s3_server() as server:
         paths = write_shards(Path(scratch), shards, rows)
@@ -250,12 +251,13 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def figure(full: bool, run_case: Any, figures: Any) -> None:
+def figure(mode: Any, run_case: Any, figures: Any) -> None:
     """``python -m benchmarks --only stream-remote``: the rows and the issue's targets."""
     from benchmarks.figures import Check, Row
 
     name = "stream from S3 (moto on 127.0.0.1), node-local cache"
-    for kind, result in run(not full, (1, 8, 32) if full else (1, 8)):  # make bench's quick mode: under a minute
+    readers = mode.pick(quick=(1, 8), full=(1, 8, 32), smoke=(1, 2))  # make bench's quick mode: under a minute
+    for kind, result in run(not mode.full, readers, smoke=mode.smoke):
         if kind == "node_io":
             bound = f" of {result['cache_windows']} windows" if result["cache_windows"] else ""
             system = f"ours, ShardCache{bound}" if result["cached"] else "ours, no cache (each reader reads S3)"
