@@ -179,7 +179,7 @@ def test_the_lightning_example_trains(user):
 
 def test_audit_config_runs_on_the_shipped_config(user):
     bin_dir, work = user
-    config = run(bin_dir / "python", "-m", "stateful_sampler.demo", "--print-config", cwd=work).stdout
+    config = run(bin_dir / "python", "-m", "stateful_sampler.demo", "--shipped-config", cwd=work).stdout
     (work / "digits.yaml").write_text(config)
     result = run(bin_dir / "stateful-sampler", "audit", "--config", "digits.yaml", "--world-size", "2", cwd=work)
     assert result.stdout.startswith("Coverage audit: 1797 records on 2 rank(s), strategy=uniform, tail=pad")
