@@ -99,9 +99,11 @@ def length_grouped(size: int, batch_size: int, megabatch: int) -> dict[str, Any]
     costs: dict[str, float] = {}
     orders: dict[str, dict[int, np.ndarray]] = {}
     for ranks in (1, 4):
-        strategy = LengthGrouped(lengths, batch_size=batch_size * ranks, megabatch=megabatch)
+        # The global order of `ranks` ranks: one sampler whose batch is the global one gives LengthGrouped its size.
+        strategy = LengthGrouped(lengths, megabatch=megabatch)
         started = perf_counter()
-        ours = np.fromiter(StatefulSampler(size, strategy=strategy, seed=3), dtype=np.int64, count=size)
+        sampler = StatefulSampler(size, strategy=strategy, seed=3, batch_size=batch_size * ranks)
+        ours = np.fromiter(sampler, dtype=np.int64, count=size)
         costs.setdefault("ours", (perf_counter() - started) / size)
         started = perf_counter()
         hf = np.array(hf_length_grouped(lengths.tolist(), batch_size * ranks, megabatch, 3))

@@ -17,11 +17,14 @@ import json
 import sys
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from benchmarks import isolated
+
+if TYPE_CHECKING:
+    from benchmarks.figures import Mode
 
 SEQ_LEN = 2048
 
@@ -184,13 +187,14 @@ def run(name: str, **params: Any) -> dict[str, Any]:
     return isolated.run("benchmarks.cases_packing", name, params)
 
 
-def packing(full: bool, run_case: Any, figures: Any) -> None:
+def packing(mode: Mode, run_case: Any, figures: Any) -> None:
     """The figure: waste, cost, resume and memory of issue 19 (``python -m benchmarks --only packing``)."""
     from benchmarks.figures import Check, Row
 
-    size = 10**5
+    size = mode.pick(quick=10**5, smoke=10**4)
     result = run("waste", size=size, max_tokens=16384, batch_size=16)
-    figure = f"packing waste, N=10^5 log-normal lengths (median 148), rows of {SEQ_LEN}, batches of 16 / 16384 tokens"
+    label = f"N={size:.0e}"
+    figure = f"packing waste, {label} log-normal lengths (median 148), rows of {SEQ_LEN}, batches of 16 / 16384 tokens"
     for system, key in (("ours: PackedRows(split_records=False)", "ours"), ("global first-fit decreasing", "ffd"),
                         ("DataCollatorWithFlattening-style greedy", "greedy")):  # fmt: skip
         figures.rows.append(Row(figure, "row fill (tokens / seq_len x rows)", system, 100 * result["rows"][key], "%"))
@@ -201,13 +205,13 @@ def packing(full: bool, run_case: Any, figures: Any) -> None:
     figures.checks.append(Check("PackedRows(split_records=False) within 2 points of global FFD",
                                 f"{gap:.2f} points", gap <= 2))  # fmt: skip
     costs = run("cost", size=size)
-    figure = "packing: seconds per row / batch of one epoch (set-up included), N=10^5"
+    figure = f"packing: seconds per row / batch of one epoch (set-up included), {label}"
     for name in ("rows-whole", "rows-split", "batches"):
         figures.rows.append(Row(figure, "per row", f"ours: {name}", costs[name] * 1e6, "us"))
     figures.rows.append(
         Row(figure, "per row", "NumPy first-fit decreasing, per window", costs["numpy-ffd"] * 1e6, "us")
     )
-    resume_size = 10**7 if full else 10**6
+    resume_size = mode.pick(quick=10**6, full=10**7, smoke=10**4)
     for split in (False, True):
         resumed = run("resume", size=resume_size, split=split)
         name = "split" if split else "whole"
@@ -219,7 +223,7 @@ def packing(full: bool, run_case: Any, figures: Any) -> None:
         budget = 0.010 + resumed["window_seconds"]
         figures.checks.append(Check(f"packing ({name}) resume at N/2 ≤ 10 ms + one window ({budget * 1e3:.1f} ms)",
                                     f"{resumed['seconds'] * 1e3:.1f} ms", resumed["seconds"] <= budget))  # fmt: skip
-    if full:
+    if mode.full:
         measured = run("memory", size=10**8)
         extra = measured["peak_mib_above_baseline"] - measured["user_mib"]
         figures.rows.append(Row("packing memory, N=10^8", "split", "ours", extra, "MiB",

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from statistics import median
 from time import perf_counter
 from typing import Any
@@ -23,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from benchmarks import isolated
 from stateful_sampler import KeyedDataset, SampleRNG, StatefulSampler
 from stateful_sampler.seeding import SeededDataset
 
@@ -107,17 +106,14 @@ def per_sample_overhead(batch: int | None = 64, rounds: int = 7) -> dict[str, An
 
 def per_sample_overhead_fresh(batch: int | None, rounds: int) -> dict[str, Any]:
     """``per_sample_overhead`` in a fresh interpreter, as every benchmark case runs."""
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cases_seeding", json.dumps(batch), json.dumps(rounds)],
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if completed.returncode != 0:
-        raise RuntimeError(f"per_sample_overhead({batch}, {rounds}) failed:\n{completed.stderr[-3000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return isolated.run("benchmarks.cases_seeding", "per_sample_overhead", {"batch": batch, "rounds": rounds})
+
+
+CASES = {"per_sample_overhead": per_sample_overhead}
 
 
 if __name__ == "__main__":
-    print(json.dumps(per_sample_overhead(*(json.loads(arg) for arg in sys.argv[1:]))))
+    if len(sys.argv) == 3 and sys.argv[1] in CASES:
+        isolated.child(CASES, sys.argv[1], json.loads(sys.argv[2]))
+    else:
+        print(json.dumps(per_sample_overhead(*(json.loads(arg) for arg in sys.argv[1:]))))

@@ -23,9 +23,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from benchmarks.figures import Mode
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_PYTHON = ROOT / ".bench-venv" / "bin" / "python"
@@ -99,9 +102,12 @@ def _entropy(ordering: np.ndarray) -> float:
     return float(-(probabilities * np.log2(probabilities)).sum())
 
 
-def run(records: int, systems: tuple[str, ...], resume_only: bool = False) -> dict[str, dict[str, Any]]:
+def run(
+    records: int, systems: tuple[str, ...], resume_only: bool = False, kills: tuple[Any, ...] = KILLS
+) -> dict[str, dict[str, Any]]:
     """Every system on the same records; ``resume_only``: only the resume cost, from a checkpoint at
-    half an epoch (``stream_peers.half_state``), at 0 workers."""
+    half an epoch (``stream_peers.half_state``), at 0 workers. ``kills``: (workers of the killed run,
+    workers of each resume)."""
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
@@ -126,7 +132,7 @@ def run(records: int, systems: tuple[str, ...], resume_only: bool = False) -> di
             if resume_only:
                 result.update({f"half_{k}": v for k, v in task(system, root, records, "half").items()})
                 result.update({f"resume_{k}": v for k, v in task(system, root, records, "resume-half-0").items()})
-            for killed, resumed in () if resume_only else KILLS:
+            for killed, resumed in () if resume_only else kills:
                 result.update(
                     {f"kill{killed}_{k}": v for k, v in kill_mid_epoch(system, root, records, killed).items()}
                 )
@@ -159,34 +165,41 @@ def _outcome(result: dict[str, Any], prefix: str) -> tuple[float | None, str]:
     )
 
 
-def figure(full: bool, run_case: Any, figures: Any) -> None:
+def figure(mode: Mode, run_case: Any, figures: Any) -> None:
     """``python -m benchmarks --only stream-peers`` (the peers need ``.bench-venv``, ``make bench-venv``):
-    2*10^4 records, the kills and resumes, quality and throughput; with --full the resume cost at 10^6.
-    The published tables are ``python -m benchmarks.cases_stream_peers`` (docs/streaming.md)."""
+    2*10^4 records, the kills and resumes, quality and throughput; with --full the resume cost at 10^6;
+    ``--smoke`` runs ours alone, one kill and one resume. The published tables are
+    ``python -m benchmarks.cases_stream_peers`` (docs/streaming.md)."""
     from benchmarks.figures import Row
 
-    systems = SYSTEMS
-    if not BENCH_PYTHON.exists():
-        print(f"  stream-peers: {BENCH_PYTHON} is absent (make bench-venv): litdata, Mosaic and HF skipped",
-              file=sys.stderr, flush=True)  # fmt: skip
+    systems: tuple[str, ...] = SYSTEMS
+    skipped = ""
+    if mode.smoke:
+        skipped = "not run in the smoke pass (it checks that the figure runs; the peers need .bench-venv)"
+    elif not BENCH_PYTHON.exists():
+        skipped = f"{BENCH_PYTHON} is absent (make bench-venv)"
+    if skipped:
+        print(f"  stream-peers: litdata, Mosaic and HF skipped: {skipped}", file=sys.stderr, flush=True)
         systems = ("ours",)
-    records = 1_000_000 if full else 20_000  # quick: a few minutes (HF reads about 2,000 records/s here)
+    # quick: a few minutes (HF reads about 2,000 records/s here); smoke: 32 batches, killed at the 16th
+    records = mode.pick(quick=20_000, full=1_000_000, smoke=8_192)
+    kills = mode.pick(quick=KILLS, full=(), smoke=((2, (0,)),))
     name = f"streams side by side, {records:,} class-sorted records"
-    results = run(records, systems, resume_only=full)
+    results = run(records, systems, resume_only=mode.full, kills=kills)
     for system in (s for s in SYSTEMS if s != "mosaic-py1br"):
         if system not in results:
             figures.rows.append(Row(name, "resume: fresh process to the first batch", system, None, "s",
-                                    note=f"skipped: {BENCH_PYTHON} is absent (make bench-venv)"))  # fmt: skip
+                                    note=f"skipped: {skipped}"))  # fmt: skip
             continue
         result = results[system]
-        for killed, resumed in () if full else KILLS:
+        for killed, resumed in kills:
             for workers in resumed:
                 value, note = _outcome(result, f"kill{killed}_to{workers}")
                 checkpoint = result.get(f"kill{killed}_to{workers}_checkpoint_batch", "?")
                 note = f"killed at batch {result.get(f'kill{killed}_batch', '?')}, resumed from {checkpoint}: {note}"
                 figures.rows.append(Row(name, f"SIGKILL at {killed} workers, resumed at {workers}: records "
                                         "repeated + lost", system, value, "", note=note))  # fmt: skip
-        prefix = "resume" if full else "kill0_to0"
+        prefix = "resume" if mode.full else f"kill{kills[0][0]}_to{kills[0][1][0]}"
         figures.rows.append(Row(name, "resume: fresh process to the first batch", system,
                                 result.get(f"{prefix}_first_batch_s"), "s", result.get(f"{prefix}_rss_mib")))  # fmt: skip
     for system, result in results.items():

@@ -227,11 +227,12 @@ def _chunked(span: Any, order: np.ndarray, chunk: int = 1024) -> Any:
     return (span.records_at(order[begin : begin + chunk]) for begin in range(0, len(order), chunk))
 
 
-def run(quick: bool, reader_counts: tuple[int, ...] = (1, 8, 32)) -> list[tuple[str, Any]]:
+def run(quick: bool, reader_counts: tuple[int, ...] = (1, 8, 32), smoke: bool = False) -> list[tuple[str, Any]]:
+    """``smoke``: 4 shards of 256 rows, to check that the figure runs (``python -m benchmarks --smoke``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.s3_server import s3_server
 
-    shards, rows = (16, 2048) if quick else (16, 8192)
+    shards, rows = (4, 256) if smoke else (16, 2048) if quick else (16, 8192)
     out: list[tuple[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch, s3_server() as server:
         paths = write_shards(Path(scratch), shards, rows)
@@ -244,7 +245,7 @@ def run(quick: bool, reader_counts: tuple[int, ...] = (1, 8, 32)) -> list[tuple[
         counts = [rows] * shards
         size = sum(os.path.getsize(path) for path in paths)
         out.append(("data", {"shards": shards, "rows": rows, "MiB": size / 2**20, "window": WINDOW}))
-        for readers in (1, 8, 32):  # cheap at any size: the start alone
+        for readers in (1, 2) if smoke else (1, 8, 32):  # cheap at any size: the start alone
             out.append(("metadata", metadata_requests(urls, options, readers)))
         for readers in reader_counts:
             out.append(("node_io", node_io(urls, options, paths, readers, cached=True)))
@@ -269,12 +270,13 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def figure(full: bool, run_case: Any, figures: Any) -> None:
+def figure(mode: Any, run_case: Any, figures: Any) -> None:
     """``python -m benchmarks --only stream-remote``: the rows and the issue's targets."""
     from benchmarks.figures import Check, Row
 
     name = "stream from S3 (moto on 127.0.0.1), node-local cache"
-    for kind, result in run(not full, (1, 8, 32) if full else (1, 8)):  # make bench's quick mode: under a minute
+    readers = mode.pick(quick=(1, 8), full=(1, 8, 32), smoke=(1, 2))  # make bench's quick mode: under a minute
+    for kind, result in run(not mode.full, readers, smoke=mode.smoke):
         if kind == "metadata":
             case = f"start, {result['readers']} rank processes"
             for start in ("cold", "restart"):

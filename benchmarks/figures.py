@@ -4,12 +4,47 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.workloads import OURS, PLAIN_LOADER, STATEFUL_LOADER
 from stateful_sampler.order.permutation import MAX_SIZE
 
 RunCase = Callable[[str, dict[str, Any]], dict[str, Any]]
+T = TypeVar("T")
+MODES = ("smoke", "quick", "full")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How large a run's figures are: ``quick`` (``make bench``), ``full`` (adds the largest sizes), or
+    ``smoke``: every figure's code at a tiny size, so that CI proves each one still runs to its table
+    (its numbers mean nothing, and its targets are not judged).
+
+    Example:
+        >>> Mode("smoke").pick(quick=10**7, smoke=10**4)
+        10000
+    """
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.name not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {self.name!r}")
+
+    @property
+    def full(self) -> bool:
+        return self.name == "full"
+
+    @property
+    def smoke(self) -> bool:
+        return self.name == "smoke"
+
+    def pick(self, *, quick: T, smoke: T, full: T | None = None) -> T:
+        """This mode's value; ``full`` defaults to ``quick``'s."""
+        if self.smoke:
+            return smoke
+        return full if self.full and full is not None else quick
+
 
 TORCHDATA = "torchdata StatefulDataLoader"
 SKIP_LOOP = "RandomSampler + skip loop"
@@ -44,13 +79,16 @@ def _label(size: int) -> str:
     return f"N=10^{exponent}" if size == 10**exponent else f"N={size}"
 
 
-def resume_latency(full: bool, run: RunCase, figures: Figures) -> None:
+def resume_latency(mode: Mode, run: RunCase, figures: Figures) -> None:
     figure = "resume latency: load state at N/2 + first batch (batch 256)"
-    for size in (10**6, 10**7, 10**8):
+    sizes = mode.pick(quick=(10**6, 10**7, 10**8), smoke=(10**4,))
+    against_torchdata = mode.pick(quick=10**7, smoke=10**4)  # the size of the ≥ 1000× target
+    for size in sizes:
         for workers in (0, 2):
             case = f"{_label(size)}, {workers} workers"
             # Worker start-up jitters by tens of ms on a loaded machine: more pairs where it dominates.
-            ours = run("resume_ours", {"size": size, "workers": workers, "repeats": 15 if workers else 3})
+            repeats = mode.pick(quick=15 if workers else 3, smoke=1)
+            ours = run("resume_ours", {"size": size, "workers": workers, "repeats": repeats})
             figures.rows.append(Row(figure, case, OURS, ours["seconds"] * 1e3, "ms", ours["peak_mib_above_baseline"]))
             if workers:
                 figures.rows.append(
@@ -69,24 +107,24 @@ def resume_latency(full: bool, run: RunCase, figures: Figures) -> None:
                     Check(f"{case}: ≤ 10 ms", f"{ours['seconds'] * 1e3:.2f} ms", ours["seconds"] <= 0.010)
                 )
             for system, function in ((TORCHDATA, "resume_torchdata"), (SKIP_LOOP, "resume_skip_loop")):
-                if size > 10**7 and not full:
+                if size > 10**7 and not mode.full:
                     figures.rows.append(Row(figure, case, system, None, "ms", note="skipped in quick mode"))
                     continue
                 anchor = run(function, {"size": size, "workers": workers})
                 figures.rows.append(
                     Row(figure, case, system, anchor["seconds"] * 1e3, "ms", anchor["peak_mib_above_baseline"])
                 )
-                if system == TORCHDATA and size == 10**7 and workers == 0:
+                if system == TORCHDATA and size == against_torchdata and workers == 0:
                     speedup = anchor["seconds"] / ours["seconds"]
                     figures.checks.append(
                         Check(f"{case}: ≥ 1000× faster than torchdata", f"{speedup:,.0f}×", speedup >= 1000)
                     )
 
 
-def epoch_order(full: bool, run: RunCase, figures: Figures) -> None:
+def epoch_order(mode: Mode, run: RunCase, figures: Figures) -> None:
     memory = "peak memory iterating one epoch (above post-import baseline)"
     speed = "one epoch of order, time per index"
-    for size in (10**8, 10**9) if full else (10**8,):
+    for size in mode.pick(quick=(10**8,), full=(10**8, 10**9), smoke=(10**4,)):
         case = _label(size)
         ours = run("epoch_ours", {"size": size})
         figures.rows.append(Row(memory, case, f"{OURS} (StatefulSampler)", ours["peak_mib_above_baseline"], "MiB"))
@@ -116,9 +154,9 @@ def epoch_order(full: bool, run: RunCase, figures: Figures) -> None:
             figures.rows.append(Row(memory, case, "DistributedSampler", None, "MiB", note=note))
             figures.rows.append(Row(memory, case, "torch.randperm", None, "MiB", note=note))
             continue
-        limit = None if full else 10**6
+        limit = None if mode.full or size <= 10**6 else 10**6
         distributed = run("epoch_distributed", {"size": size, "limit": limit})
-        note = "" if full else "quick mode: first 10^6 indices (its whole order exists before the first)"
+        note = "" if limit is None else "quick mode: first 10^6 indices (its whole order exists before the first)"
         figures.rows.append(
             Row(memory, case, "DistributedSampler", distributed["peak_mib_above_baseline"], "MiB", note=note)
         )
@@ -143,9 +181,9 @@ def epoch_order(full: bool, run: RunCase, figures: Figures) -> None:
         )
 
 
-def sampler_throughput(full: bool, run: RunCase, figures: Figures) -> None:
-    size = 10**7
-    result = run("throughput", {"size": size, "repeats": 5 if full else 3})
+def sampler_throughput(mode: Mode, run: RunCase, figures: Figures) -> None:
+    size = mode.pick(quick=10**7, smoke=10**4)
+    result = run("throughput", {"size": size, "repeats": mode.pick(quick=3, full=5, smoke=1)})
     for key, figure in (
         ("batched_seconds", "sampler throughput: one epoch via BatchSampler(256)"),
         ("indices_seconds", "sampler throughput: one epoch of bare indices"),
@@ -164,12 +202,13 @@ def sampler_throughput(full: bool, run: RunCase, figures: Figures) -> None:
     )
 
 
-def loader_overhead(full: bool, run: RunCase, figures: Figures) -> None:
+def loader_overhead(mode: Mode, run: RunCase, figures: Figures) -> None:
     figure = "DataLoader time per batch, trivial dataset (batch 256)"
-    size = 10**6
+    size = mode.pick(quick=10**6, smoke=10**4)
     for workers in (0, 2):
         case = f"{_label(size)}, {workers} workers"
-        result = run("loader_overhead", {"size": size, "workers": workers, "repeats": 7 if full else 5})
+        repeats = mode.pick(quick=5, full=7, smoke=1)
+        result = run("loader_overhead", {"size": size, "workers": workers, "repeats": repeats})
         for system, seconds in result["seconds_per_batch"].items():
             figures.rows.append(Row(figure, case, system, seconds * 1e6, "µs/batch"))
         over_plain, over_torchdata = result["ours_over"][PLAIN_LOADER], result["ours_over"][STATEFUL_LOADER]
@@ -189,7 +228,7 @@ def loader_overhead(full: bool, run: RunCase, figures: Figures) -> None:
         )
 
 
-def state_size(full: bool, run: RunCase, figures: Figures) -> None:
+def state_size(mode: Mode, run: RunCase, figures: Figures) -> None:
     figure = "state size"
     sizes = [10**6, 10**9, MAX_SIZE - 1]
     result = run("state_sizes", {"sizes": sizes})
@@ -201,13 +240,13 @@ def state_size(full: bool, run: RunCase, figures: Figures) -> None:
     figures.checks.append(Check("state ≤ 512 B as JSON at any N", f"{largest} B", largest <= 512))
 
 
-def stream_shards(full: bool, run: RunCase, figures: Figures) -> None:
+def stream_shards(mode: Mode, run: RunCase, figures: Figures) -> None:
     """ShardedStream: quality against memory, IO per record, resume. Counted, not timed, so it
     runs in this process (``python -m benchmarks.cases_stream --plot FILE`` draws the plot)."""
     from benchmarks import cases_stream
 
-    windows = list(cases_stream.WINDOWS) if full else [1, 4, 16, 64, 256]
-    quality = cases_stream.stream_quality(windows, epochs=4 if full else 2)
+    windows = mode.pick(quick=[1, 4, 16, 64, 256], full=list(cases_stream.WINDOWS), smoke=[1, 4])
+    quality = cases_stream.stream_quality(windows, epochs=mode.pick(quick=2, full=4, smoke=1))
     for metric, figure in (
         ("first_tv", "stream: class TV distance of the first 10 batches, shards sorted by class (0 perfect)"),
         ("same_class_mates", "stream: P(two batch-mates share a class), ideal 0.10"),
@@ -216,7 +255,7 @@ def stream_shards(full: bool, run: RunCase, figures: Figures) -> None:
             case = f"k={row['window']} of 256 shards, {row['memory']} records held"
             figures.rows.append(Row(figure, case, "ours: window shuffle", row["window_shuffle"][metric], ""))
             figures.rows.append(Row(figure, case, "buffer shuffle, same memory", row["buffer_shuffle"][metric], ""))
-    io = cases_stream.stream_io([1, 2, 4, 8], window=4, row_group=16)
+    io = cases_stream.stream_io(mode.pick(quick=[1, 2, 4, 8], smoke=[1, 2]), window=4, row_group=16)
     figure = "stream: parquet IO per record delivered, 64 shards, k=4, row groups of 16"
     for readers, result in io["per_readers"].items():
         case = f"{readers} reader(s) (ranks x workers)"
@@ -226,24 +265,27 @@ def stream_shards(full: bool, run: RunCase, figures: Figures) -> None:
         opened = result["shards_opened_per_epoch"]
         target = f"stream, {case}: each reader opens each shard once an epoch"
         figures.checks.append(Check(target, f"{opened} opens", opened == 64 * int(readers)))
-    resume = cases_stream.stream_resume(10**9, 10**4, 8)
+    records, shards = mode.pick(quick=(10**9, 10**4), smoke=(10**6, 10**2))
+    resume = cases_stream.stream_resume(records, shards, 8)
     figure = "stream: resume, load_state_dict at mid-epoch + the first batch located"
-    figures.rows.append(Row(figure, "10^9 records in 10^4 shards, k=8", "ours", resume["seconds"] * 1e3, "ms"))
+    case = f"{_label(records)[2:]} records in {_label(shards)[2:]} shards, k=8"
+    figures.rows.append(Row(figure, case, "ours", resume["seconds"] * 1e3, "ms"))
     figures.checks.append(
         Check("stream state ≤ 512 B as JSON", f"{resume['state_json_bytes']} B", resume["state_json_bytes"] <= 512)
     )
     seconds = resume["seconds"]
-    figures.checks.append(Check("stream resume ≤ 10 ms at 10^4 shards", f"{seconds * 1e3:.2f} ms", seconds <= 0.010))
+    target = f"stream resume ≤ 10 ms at {_label(shards)[2:]} shards"
+    figures.checks.append(Check(target, f"{seconds * 1e3:.2f} ms", seconds <= 0.010))
 
 
-def seeding_overhead(full: bool, run: RunCase, figures: Figures) -> None:
+def seeding_overhead(mode: Mode, run: RunCase, figures: Figures) -> None:
     """Issue 14: what per-sample seeding adds to a sample, fetched in DataLoader batches and one at a time."""
     from benchmarks import cases_seeding as seeding
 
     figure = "per-sample seeding: µs a sample (best round), dataset side of a DataLoader fetch (cheap sample)"
     for batch in (64, None):
         case = "batches of 64" if batch else "one dataset[key] at a time"
-        result = seeding.per_sample_overhead_fresh(batch, 9 if full else 5)
+        result = seeding.per_sample_overhead_fresh(batch, mode.pick(quick=5, full=9, smoke=1))
         for system, micros in result["us_per_sample"].items():
             added, typical = result["us_over_keyed"].get(system), result["us_per_sample_median"][system]
             note = f"median {typical:.3g} µs" + ("" if added is None else f"; adds {added:.2f} µs to KeyedDataset")
@@ -255,28 +297,30 @@ def seeding_overhead(full: bool, run: RunCase, figures: Figures) -> None:
                 figures.checks.append(Check(target, f"{added:.2f} µs", added <= limit))
 
 
-def mixtures_and_lengths(full: bool, run: RunCase, figures: Figures) -> None:
+def mixtures_and_lengths(mode: Mode, run: RunCase, figures: Figures) -> None:
     """Issue 11: Mixture resume and memory at 10^9 draws against Megatron's blended-index build (NumPy,
     timed on a prefix and scaled), and LengthGrouped against HF's LengthGroupedSampler algorithm."""
     from benchmarks import cases_mixture as mixture
 
     figure = "mixture: 100 sources, 10^9 draws; load state at the middle + first batch of 256"
-    ours = mixture.run("mixture_resume", repeats=5)
+    ours = mixture.run("mixture_resume", repeats=mode.pick(quick=5, smoke=1))
     note = f"construction {ours['construction_seconds'] * 1e3:.0f} ms (one period of {ours['period']} positions)"
     peak = ours["peak_mib_above_baseline"]
     figures.rows.append(Row(figure, "10^9 draws", "ours: Mixture", ours["seconds"] * 1e3, "ms", peak, note))
     resumed = f"{ours['seconds'] * 1e3:.2f} ms"
     figures.checks.append(Check("mixture resume ≤ 10 ms at 10^9", resumed, ours["seconds"] <= 0.010))
     figures.checks.append(Check("mixture memory ≤ 64 MB at 10^9", f"{peak:.1f} MiB", peak <= 64))
-    size = 10**8
-    megatron = mixture.run("megatron_build", size=size, timed_steps=200_000 if full else 20_000)
-    figure = "mixture: index build before the first batch, 10^8 draws of 100 sources"
-    note = f"greedy loop timed over {megatron['timed_steps']} samples, scaled to 10^8"
-    figures.rows.append(Row(figure, "10^8 draws", "Megatron build_blending_indices (NumPy)", megatron["seconds"], "s",
+    size = mode.pick(quick=10**8, smoke=10**5)
+    timed = mode.pick(quick=20_000, full=200_000, smoke=1_000)
+    megatron = mixture.run("megatron_build", size=size, timed_steps=timed)
+    draws = f"{_label(size)[2:]} draws"
+    figure = f"mixture: index build before the first batch, {draws} of 100 sources"
+    note = f"greedy loop timed over {megatron['timed_steps']} samples, scaled to {_label(size)[2:]}"
+    figures.rows.append(Row(figure, draws, "Megatron build_blending_indices (NumPy)", megatron["seconds"], "s",
                             megatron["peak_mib_above_baseline"], note))  # fmt: skip
-    figures.rows.append(Row(figure, "10^8 draws", "ours: Mixture (one period table, O(draws) never)",
+    figures.rows.append(Row(figure, draws, "ours: Mixture (one period table, O(draws) never)",
                             ours["construction_seconds"], "s", peak, "construction at 10^9 draws, from the row above"))  # fmt: skip
-    size = 10**7 if full else 10**6
+    size = mode.pick(quick=10**6, full=10**7, smoke=10**4)
     lengths = mixture.run("length_grouped", size=size, batch_size=32, megabatch=50)
     case = f"{_label(size)}, log-normal lengths, batch 32/rank, megabatch 50"
     labels = {"ours": "ours: LengthGrouped", "hf": "HF LengthGroupedSampler algorithm", "uniform": "uniform order"}
@@ -291,12 +335,12 @@ def mixtures_and_lengths(full: bool, run: RunCase, figures: Figures) -> None:
                                 f"{ours_waste:.1%} vs {hf_waste:.1%}", ours_waste <= hf_waste + 0.01))  # fmt: skip
 
 
-def weighted_and_stratified(full: bool, run: RunCase, figures: Figures) -> None:
+def weighted_and_stratified(mode: Mode, run: RunCase, figures: Figures) -> None:
     """Issue 10: Weighted and Stratified per-index cost against torch's WeightedRandomSampler and plain NumPy
     per-epoch orders, resume at N/2 (construction excluded: a fresh start pays it too), and peak memory."""
     from benchmarks import cases_strata as strata
 
-    size = 10**7 if full else 10**6
+    size = mode.pick(quick=10**6, full=10**7, smoke=10**4)
     case = f"{_label(size)}, 10 classes of geometric sizes"
     cost = f"weighted/stratified: per-index cost of one epoch (pass set-up included), {case}"
     pairs = (("weighted", "torch-weighted"), ("weighted-no-replacement", "torch-weighted-no-replacement"),
@@ -319,12 +363,12 @@ def weighted_and_stratified(full: bool, run: RunCase, figures: Figures) -> None:
                                         f"{resumed['seconds'] * 1e3:.2f} ms", resumed["seconds"] <= 0.010))  # fmt: skip
 
 
-def groups_and_bands(full: bool, run: RunCase, figures: Figures) -> None:
+def groups_and_bands(mode: Mode, run: RunCase, figures: Figures) -> None:
     """Issue 10: Grouped and Curriculum per-index cost against plain NumPy per-epoch orders (a group permutation
     plus concat, a per-band permutation plus concat), resume at N/2, and peak memory against the user's array."""
     from benchmarks import cases_sequences as sequences
 
-    size = 10**7
+    size = mode.pick(quick=10**7, smoke=10**4)
     case = f"{_label(size)}, sequences of 1..199 records (mean 100) / 5 bands"
     cost = f"grouped/curriculum: per-index cost of one epoch (pass set-up included), {case}"
     pairs = (("grouped", "numpy-grouped"), ("grouped-shuffle-within", None), ("curriculum", "numpy-curriculum"))
@@ -356,11 +400,11 @@ def groups_and_bands(full: bool, run: RunCase, figures: Figures) -> None:
                                         f"{extra:.0f} MiB", extra <= 0.25 * ours["user_mib"]))  # fmt: skip
 
 
-def framework_resume(full: bool, run: RunCase, figures: Figures) -> None:
+def framework_resume(mode: Mode, run: RunCase, figures: Figures) -> None:
     """Issue 12: the HF Trainer resumed at a late step of a large epoch, with its own skip and with ResumableTrainer."""
     from benchmarks import cases_frameworks as frameworks
 
-    size, step = (10**7, 300_000) if full else (10**6, 30_000)
+    size, step = mode.pick(quick=(10**6, 30_000), full=(10**7, 300_000), smoke=(10**4, 100))
     result = frameworks.hf_resume(size, step)
     figure = "HF Trainer resume: s from train() to the first step after the checkpoint (tiny GPT-2, batch 32)"
     case = f"{_label(size)}, step {step} of {result['batches_per_epoch']}"
@@ -372,7 +416,8 @@ def framework_resume(full: bool, run: RunCase, figures: Figures) -> None:
     figures.checks.append(Check(f"{case}: faster than the Trainer's skip", f"{stock / ours:.1f}x", ours < stock))
 
 
-FIGURES: dict[str, Callable[[bool, RunCase, Figures], None]] = {
+Figure = Callable[[Mode, RunCase, Figures], None]
+FIGURES: dict[str, Figure] = {
     "resume": resume_latency,
     "memory": epoch_order,
     "throughput": sampler_throughput,

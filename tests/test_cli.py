@@ -165,9 +165,20 @@ def test_a_long_audit_prints_its_estimate_on_stderr(monkeypatch, capsys):
 
 
 def test_the_demo_prints_its_shipped_configs(capsys):
-    assert demo_main(["--print-config"]) == 0
+    assert demo_main(["--shipped-config"]) == 0
     assert capsys.readouterr().out == (ROOT / "configs" / "digits.yaml").read_text()
-    assert demo_main(["--print-config", "resume"]) == 0
+    assert demo_main(["--shipped-config", "resume"]) == 0
     assert capsys.readouterr().out == (ROOT / "configs" / "resume.yaml").read_text()
-    assert demo_main(["--print-config", "other"]) == 2
-    assert capsys.readouterr().err == "usage: python -m stateful_sampler.demo --print-config [digits|resume]\n"
+    assert demo_main(["--shipped-config", "other"]) == 2
+    assert capsys.readouterr().err == "usage: python -m stateful_sampler.demo --shipped-config [digits|resume]\n"
+
+
+def test_the_demos_old_flag_still_prints_the_config_and_names_the_new_one(capsys):
+    # --print-config read too much like LightningCLI's own --print_config (a run's resolved config).
+    assert demo_main(["--print-config", "resume"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == (ROOT / "configs" / "resume.yaml").read_text()
+    assert captured.err == (
+        "note: --print-config is now --shipped-config (LightningCLI's own --print_config prints a run's resolved "
+        "config: fit --config FILE --print_config)\n"
+    )

@@ -44,16 +44,17 @@ def example(name: str, *args: str) -> list[str]:
     return [sys.executable, str(ROOT / "examples" / name), *args]
 
 
+IDENTICAL = "identical to the uninterrupted run's: "
 # The four framework examples under verify: killed after step K, resumed from the checkpoint at K // 5 * 5.
 # The launchers run at once (below), so each gets a rendezvous port of its own: they all default to 29500.
 FRAMEWORKS = {
-    "fabric": ([sys.executable, "examples/fabric_train.py"], 17, "52 (26 steps x 2 rank(s)), identical: 52"),
+    "fabric": ([sys.executable, "examples/fabric_train.py"], 17, "52 (26 steps x 2 rank(s)), " + IDENTICAL + "52"),
     "accelerate": ([*ACCELERATE_2, "--main_process_port", str(free_port()), "examples/accelerate_train.py"], 17,
-                   "52 (26 steps x 2 rank(s)), identical: 52"),
+                   "52 (26 steps x 2 rank(s)), " + IDENTICAL + "52"),
     "hf_trainer": ([*LAUNCH_2, "--master-port", str(free_port()), "examples/hf_trainer.py"], 22,
-                   "68 (34 steps x 2 rank(s)), identical: 68"),
+                   "68 (34 steps x 2 rank(s)), " + IDENTICAL + "68"),
     "dcp": ([*LAUNCH_2, "--master-port", str(free_port()), "examples/dcp_train.py"], 17,
-            "52 (26 steps x 2 rank(s)), identical: 52"),
+            "52 (26 steps x 2 rank(s)), " + IDENTICAL + "52"),
 }  # fmt: skip
 # Every run a test below asserts on, by name; {dir} is the run's own directory.
 RUNS: dict[str, list[str]] = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -149,7 +150,7 @@ def test_the_sdist_holds_every_file_its_tests_read(dist):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".yaml", ".txt")
     }
     assert needed - held == set()
-    assert {"pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE", "Makefile"} <= held
+    assert {"pyproject.toml", "README.md", "CONTRIBUTING.md", "CHANGELOG.md", "LICENSE", "Makefile"} <= held
 
 
 def test_the_command_prints_its_version(user):
@@ -179,11 +180,28 @@ def test_the_lightning_example_trains(user):
 
 def test_audit_config_runs_on_the_shipped_config(user):
     bin_dir, work = user
-    config = run(bin_dir / "python", "-m", "stateful_sampler.demo", "--print-config", cwd=work).stdout
+    config = run(bin_dir / "python", "-m", "stateful_sampler.demo", "--shipped-config", cwd=work).stdout
     (work / "digits.yaml").write_text(config)
     result = run(bin_dir / "stateful-sampler", "audit", "--config", "digits.yaml", "--world-size", "2", cwd=work)
     assert result.stdout.startswith("Coverage audit: 1797 records on 2 rank(s), strategy=uniform, tail=pad")
     assert result.stderr == ""
+
+
+def test_the_readme_demo_block_runs_as_written(user):
+    """The README's demo commands, in order, in the user's venv (which has the demo extra the block's
+    first line installs): the shipped configs, a fresh fit, the resume on top of it, the audit."""
+    bin_dir, work = user
+    readme = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.DOTALL) if "stateful_sampler.demo" in b)
+    commands = block.splitlines()
+    assert commands[0] == 'pip install "stateful-sampler[demo]"'
+    demo = work / "demo"
+    demo.mkdir()
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    for command in commands[1:]:
+        done = run("bash", "-c", f"export PATH={shlex.quote(path)}; {command}", cwd=demo)
+    assert done.stdout == f"stateful-sampler {__version__}\n"  # the block's last command
+    assert (demo / "runs" / "digits" / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_verify_proves_a_tiny_training_command_equal(user):

@@ -85,4 +85,4 @@ def test_verify_of_a_command_training_on_a_stream_says_equal(tmp_path: Path, mon
     assert main(["--kill-at", "13", "--work-dir", str(tmp_path / "work"), "--", *command]) == EXIT_EQUAL
     out = capsys.readouterr().out
     assert "killed after step 13; resumed from the checkpoint at step 10\n" in out
-    assert "batches compared: 22 (22 steps x 1 rank(s)), identical: 22\n" in out
+    assert "batches compared: 22 (22 steps x 1 rank(s)), identical to the uninterrupted run's: 22\n" in out

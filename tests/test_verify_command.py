@@ -59,7 +59,9 @@ def test_verify_of_a_command_passes_on_a_script_that_resumes_exactly(
     assert main(arguments) == EXIT_EQUAL
     out = capsys.readouterr().out
     assert f"killed after step {KILL_AT}; resumed from the checkpoint at step {RESUMED_FROM}\n" in out
-    assert f"batches compared: {STEPS} ({STEPS} steps x 1 rank(s)), identical: {STEPS}\n" in out
+    assert (
+        f"batches compared: {STEPS} ({STEPS} steps x 1 rank(s)), identical to the uninterrupted run's: {STEPS}\n" in out
+    )
     assert "EQUAL: the killed and resumed run trained on exactly the batches" in out
     for run in ("reference", "crash"):  # {run_dir} became each run's own directory
         assert (tmp_path / "work" / run / "last.pt").is_file()

@@ -17,14 +17,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from stateful_sampler.verify.cli import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
+from stateful_sampler.verify.cli import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, format_report, main
+from stateful_sampler.verify.command import CommandLaunch
 from stateful_sampler.verify.compare import compare_runs
 from stateful_sampler.verify.recorder import BatchRecord, RunRecord
+from stateful_sampler.verify.runner import raised_error
 
 SCRIPT = str(Path(__file__).with_name("verify_command_script.py"))
 COMMAND = [sys.executable, SCRIPT, "--root", "{run_dir}"]
 # verify_command_script.py: 2 epochs of 12 steps on one process, a checkpoint every 5 steps.
 KILL_AT, RESUMED_FROM, STEPS = 8, 5, 24
+NOT_RESUMED = (
+    "the loader's state was not restored. When the command runs again, it must load its last checkpoint from "
+    "{run_dir} and pass the loader state saved there to loader.load_state_dict(...) of its ResumableLoader (not "
+    "the sampler's drawn position), as it passes the model's and the optimizer's states to theirs"
+)
 
 
 @pytest.fixture
@@ -48,7 +55,9 @@ def test_verify_says_the_data_resumed_exactly_when_the_models_randomness_was_not
     # A model with dropout; the resumed process reseeds torch after loading, as a fresh one would be.
     code, out, err = _verify(capsys, "--work-dir", str(tmp_path), "--", *COMMAND, "--dropout", "--forget-rng")
     assert code == EXIT_DIVERGED, err
-    assert f"batches compared: {STEPS} ({STEPS} steps x 1 rank(s)), identical: {STEPS}\n" in out
+    assert (
+        f"batches compared: {STEPS} ({STEPS} steps x 1 rank(s)), identical to the uninterrupted run's: {STEPS}\n" in out
+    )
     assert "first divergence" not in out
     assert (
         f"DIVERGED: the data resumed exactly; the model's randomness (dropout, ...) was not restored: from step "
@@ -120,6 +129,127 @@ def test_compare_gives_no_model_cause_when_the_data_diverged() -> None:
 # -- a script that breaks verify's contract: the real cause
 
 
+def test_a_command_that_does_not_restore_the_loader_is_told_so_in_whole_sentences() -> None:
+    reference = _run(range(8), REFERENCE_RNG, 1.0)
+    report = compare_runs(reference, _run(range(6), REFERENCE_RNG, None), _run(range(8), REFERENCE_RNG, 1.0),
+                          kill_at=6, not_resumed=CommandLaunch.not_resumed)  # fmt: skip
+    assert report.first_divergence == (
+        "the resumed run started from the beginning (epoch 0, batch 0), not at the last checkpoint (step 4): "
+        + NOT_RESUMED
+    )
+
+
+def test_the_report_says_what_the_identical_batches_are_identical_to() -> None:
+    resumed = _run(range(4, 8), REFERENCE_RNG, 2.0)
+    resumed.batches[1] = BatchRecord(0, 0, 5, 5, "other", None, {"torch": "r5"})
+    report = compare_runs(_run(range(8), REFERENCE_RNG, 1.0), _run(range(6), REFERENCE_RNG, None), resumed, kill_at=6)
+    lines = format_report(report).splitlines()
+    assert lines[1] == (
+        "batches compared: 8 (8 steps x 1 rank(s)), identical to the uninterrupted run's: 7, "
+        "different or never trained on: 1"
+    )
+    assert lines[3].startswith("DIVERGED: first divergence at step 5 (epoch 0, batch 5), rank 0: the resumed run")
+
+
+# A log as torchrun leaves it: each rank's traceback behind torch.distributed's "[rankN]:", then the
+# launcher's own, which says only that a rank failed.
+TORCHRUN_LOG = """\
+[rank1]: Traceback (most recent call last):
+[rank0]: Traceback (most recent call last):
+[rank1]:   File "train.py", line 30, in <module>
+[rank0]:   File "train.py", line 30, in <module>
+[rank1]:     loader = accelerator.prepare(loader)
+[rank0]:     loader = accelerator.prepare(loader)
+[rank1]: stateful_sampler.errors.DoubleShardingError: accelerator.prepare(...) shards the sampler again
+[rank0]: stateful_sampler.errors.DoubleShardingError: accelerator.prepare(...) shards the sampler again
+E1202 07:40:10.508000 2832 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1)
+Traceback (most recent call last):
+  File "torch/distributed/run.py", line 1032, in <module>
+    main()
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+train.py FAILED
+"""
+
+
+def test_the_error_a_rank_raised_is_found_behind_the_launchers_traceback() -> None:
+    error = raised_error(TORCHRUN_LOG)
+    assert error is not None
+    assert error.exception == (
+        "stateful_sampler.errors.DoubleShardingError: accelerator.prepare(...) shards the sampler again"
+    )
+    assert error.traceback == [
+        "Traceback (most recent call last):",
+        '  File "train.py", line 30, in <module>',
+        "    loader = accelerator.prepare(loader)",
+        "stateful_sampler.errors.DoubleShardingError: accelerator.prepare(...) shards the sampler again",
+    ]
+
+
+def test_of_a_chain_of_exceptions_the_last_raised_is_named_and_a_launchers_alone_is_not() -> None:
+    chained = (
+        "Traceback (most recent call last):\n  File 'a.py', line 1\nKeyError: 'seed'\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        "Traceback (most recent call last):\n  File 'a.py', line 3\nValueError: the config has no seed\n"
+        "Traceback (most recent call last):\n  File 'accelerate/commands/launch.py', line 9\n"
+        "subprocess.CalledProcessError: Command '['python', 'a.py']' returned non-zero exit status 1.\n"
+    )
+    error = raised_error(chained)
+    assert error is not None and error.exception == "ValueError: the config has no seed"
+    assert raised_error(chained[chained.index("Traceback (most recent call last):\n  File 'accelerate") :]) is None
+    assert raised_error("no traceback here\n") is None
+
+
+def test_verify_reports_the_error_a_launched_process_raised_not_the_launchers(capsys: pytest.CaptureFixture) -> None:
+    # A launcher that prints its rank's traceback and fails with its own, as accelerate launch does.
+    launcher = (
+        "import subprocess, sys\n"
+        f"sys.stderr.write({TORCHRUN_LOG.split('E1202')[0]!r})\n"
+        "raise subprocess.CalledProcessError(1, ['python', 'train.py'])\n"
+    )
+    assert main(["--", sys.executable, "-c", launcher]) == EXIT_RUN_FAILED
+    err = capsys.readouterr().err
+    found = re.search(r"its traceback, from (\S+\.log):\n", err)
+    assert found, err
+    try:
+        assert (
+            "\nverify could not complete: the reference run exited with code 1: stateful_sampler.errors."
+            "DoubleShardingError: accelerator.prepare(...) shards the sampler again\nits traceback, from "
+        ) in err
+        assert err.endswith(
+            "its traceback, from " + found.group(1) + ":\nTraceback (most recent call last):\n"
+            '  File "train.py", line 30, in <module>\n    loader = accelerator.prepare(loader)\n'
+            "stateful_sampler.errors.DoubleShardingError: accelerator.prepare(...) shards the sampler again\n"
+        )
+        assert "CalledProcessError" in Path(found.group(1)).read_text()  # the log keeps it all
+    finally:
+        shutil.rmtree(Path(found.group(1)).parents[1])
+
+
+@pytest.mark.slow
+def test_verify_of_a_torchrun_command_reports_the_ranks_error(
+    tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "from stateful_sampler.errors import DoubleShardingError\n"
+        "dist.init_process_group('gloo')\n"
+        "raise DoubleShardingError(f'rank {dist.get_rank()} of {dist.get_world_size()}: sharded twice')\n"
+    )
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "{devices}"]
+    code, out, err = _verify(capsys, "--devices", "2", "--work-dir", str(tmp_path / "work"), "--", *torchrun,
+                             str(script))  # fmt: skip
+    assert (code, out) == (EXIT_RUN_FAILED, "")
+    first = next(line for line in err.splitlines() if line.startswith("verify could not complete"))
+    assert re.fullmatch(
+        r"verify could not complete: the reference run exited with code 1: stateful_sampler\.errors\."
+        r"DoubleShardingError: rank [01] of 2: sharded twice",
+        first,
+    ), err
+    assert "ChildFailedError" not in err
+
+
 @pytest.mark.slow
 def test_verify_names_a_script_whose_batches_pass_through_no_resumable_loader(
     tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture
@@ -161,9 +291,7 @@ def test_verify_json_names_a_script_that_does_not_restore_the_loader_state(
         "diverged", EXIT_DIVERGED, KILL_AT, RESUMED_FROM)  # fmt: skip
     assert report["first_divergence"] == (
         f"the resumed run started from the beginning (epoch 0, batch 0), not at the last checkpoint (step "
-        f"{RESUMED_FROM}): the loader's state was not restored. Run again, the command must load its last "
-        "checkpoint from {run_dir} and pass the saved loader state to loader.load_state_dict(...) on its "
-        "ResumableLoader (not the sampler's drawn position), with the model's and optimizer's"
+        f"{RESUMED_FROM}): {NOT_RESUMED}"
     )
     assert "ckpt_path" not in out
 

@@ -3,7 +3,6 @@ one fail with the first divergent step; plus the comparison and fingerprint on t
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,11 +13,10 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from stateful_sampler.testing import assert_resume_equal
-from stateful_sampler.verify.cli import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
+from stateful_sampler.verify.cli import EXIT_EQUAL, EXIT_RUN_FAILED, main
 from stateful_sampler.verify.compare import compare_runs
 from stateful_sampler.verify.fingerprint import batch_fingerprint, batch_indices
 from stateful_sampler.verify.recorder import BatchRecord, RunRecord, read_run
-from tests.lightning.lightning_harness import install_resume_guard
 from tests.lightning.verify_harness import digits_config
 
 # digits_config: 2 epochs of 29 steps, a checkpoint every 10 steps; killed after 25, resumed from 20.
@@ -31,29 +29,32 @@ def test_verify_passes_on_a_correct_setup(tmp_path: Path, one_thread: None, caps
     assert main(["--config", str(config), "--kill-at", str(KILL_AT)]) == EXIT_EQUAL
     out = capsys.readouterr().out
     assert f"killed after step {KILL_AT}; resumed from the checkpoint at step {RESUMED_FROM}\n" in out
-    assert f"batches compared: {STEPS} ({STEPS} steps x 1 rank(s)), identical: {STEPS}\n" in out
+    assert (
+        f"batches compared: {STEPS} ({STEPS} steps x 1 rank(s)), identical to the uninterrupted run's: {STEPS}\n" in out
+    )
     assert "EQUAL: the killed and resumed run trained on exactly the batches" in out
     assert "DIVERGED" not in out
 
 
 @pytest.mark.slow
-def test_verify_shows_the_guard_s_refusal_of_a_run_without_sampler_checkpoint(
-    tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+def test_verify_refuses_a_config_without_sampler_checkpoint_before_any_training(
+    tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture
 ) -> None:
-    # Without the callback the resumed sampler would start its epoch over while Lightning counts on from
-    # batch 20 (a replay). The guard that Lightning loads from our entry point refuses the resume instead,
-    # and verify shows why. The runs are subprocesses: the entry point reaches them through PYTHONPATH.
-    install_resume_guard(monkeypatch, tmp_path / "entry-points")
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join([str(tmp_path / "entry-points"), os.environ.get("PYTHONPATH", "")])
-    )
+    # Without the callback the resume would be refused (the guard), after a whole uninterrupted training
+    # and a killed one: verify says so at the start of the first run, before its first batch.
     config = digits_config(tmp_path, sampler_checkpoint=False)
     arguments = ["--config", str(config), "--kill-at", str(KILL_AT), "--work-dir", str(tmp_path / "work")]
     assert main(arguments) == EXIT_RUN_FAILED
     captured = capsys.readouterr()  # verify's reasons go to stderr, its report to stdout
-    assert "the resumed run exited with code 1" in captured.err
-    assert "SamplerCheckpoint is not among the Trainer's callbacks" in captured.err
-    assert "DIVERGED" not in captured.out + captured.err
+    assert captured.out == ""
+    assert captured.err.splitlines()[-1] == (
+        f"verify could not complete: config '{config}': trainer.callbacks: the train dataloader draws from a "
+        "StatefulSampler, but SamplerCheckpoint is not among the Trainer's callbacks: without it Lightning cannot "
+        "resume the sampler exactly, and the resumed run would be refused. Add {class_path: "
+        "stateful_sampler.lightning.SamplerCheckpoint} to trainer.callbacks"
+    )
+    assert read_run(tmp_path / "work" / "reference" / "reference").batches == []  # refused before the first batch
+    assert not (tmp_path / "work" / "crash" / "killed.log").exists()
 
 
 @pytest.mark.slow
@@ -214,6 +215,22 @@ def test_compare_reports_the_earliest_divergence_in_training_order() -> None:
         "  got indices      [3, 1]"
     )
     assert report.identical_batches == 6
+
+
+def test_compare_points_to_seeded_dataset_when_the_records_are_right_and_their_augmentation_is_not() -> None:
+    resumed = _run(range(4, 8), [8])
+    resumed.batches[1] = _batch(5, "noise of a restarted worker", indices=[1, 3])
+    reference = replace(REFERENCE, batches=[*REFERENCE.batches[:5], _batch(5, indices=[1, 3]), *REFERENCE.batches[6:]])
+    report = compare_runs(reference, _run(range(5), [4], None), resumed, kill_at=5)
+    assert report.first_divergence == (
+        "step 5 (epoch 1, batch 1), rank 0: the resumed run trained on another batch than the uninterrupted run\n"
+        "  expected fingerprint f5-0, got noise of a restarted worker\n"
+        "  same indices [1, 3]: the augmentation differs. A dataset that draws its own augmentation (torch.rand, "
+        "np.random, random in __getitem__) takes it from its DataLoader worker's RNG stream, which a resume (or "
+        "another worker count) starts over: wrap it in stateful_sampler.seeding.SeededDataset(dataset), which "
+        "seeds each record's draws from (seed, epoch, index); if it is one already, a generator the dataset "
+        "builds itself is not seeded: define load_sample(index, rng) and draw from rng.numpy or rng.torch"
+    )
 
 
 def test_compare_reports_batches_no_run_trained_on() -> None:

@@ -41,7 +41,7 @@ _EPILOG = f"""\
 examples:
   {_PROG} --size 10 --world-size 3 --batch-size 3 --tail pad --epochs 2
   {_PROG} --labels labels.npy --strategy stratified --batch-size 64 --plot comp.png
-  python -m stateful_sampler.demo --print-config > digits.yaml && {_PROG} --config digits.yaml --world-size 8
+  python -m stateful_sampler.demo --shipped-config > digits.yaml && {_PROG} --config digits.yaml --world-size 8
 
 exit status: 0 the report was printed, 2 the arguments or the config could not be used."""
 _SAMPLER_FLAGS = ("size", "seed", "tail", "order", "shuffle", "strategy", "weights", "mode")  # the config's

@@ -3,7 +3,7 @@ and the LightningCLI configs that train them (``digits.yaml``, and ``resume.yaml
 resume), shipped inside the package so that they work from an installed wheel.
 
 Example:
-    python -m stateful_sampler.demo --print-config > digits.yaml
+    python -m stateful_sampler.demo --shipped-config > digits.yaml
     python -m stateful_sampler.demo fit --config digits.yaml
 """
 

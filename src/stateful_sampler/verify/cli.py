@@ -163,11 +163,13 @@ def _stop_signals_exit() -> Iterator[None]:
 
 def format_report(report: ResumeReport) -> str:
     steps = report.batches_compared // max(report.ranks, 1)
+    other = report.batches_compared - report.identical_batches
     lines = [
         f"killed after step {report.kill_at}; resumed from the checkpoint at step {report.resumed_from}",
         (
             f"batches compared: {report.batches_compared} ({steps} steps x {report.ranks} rank(s)), "
-            f"identical: {report.identical_batches}"
+            f"identical to the uninterrupted run's: {report.identical_batches}"
+            + (f", different or never trained on: {other}" if other else "")
         ),
         f"final weights: uninterrupted {report.reference_weights}, resumed {report.resumed_weights}",
     ]

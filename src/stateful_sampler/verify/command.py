@@ -40,9 +40,10 @@ class CommandLaunch:
         "rank 0; Lightning with SamplerCheckpoint records them by itself)"
     )
     not_resumed: ClassVar[str] = (
-        "the loader's state was not restored. Run again, the command must load its last checkpoint from "
-        "{run_dir} and pass the saved loader state to loader.load_state_dict(...) on its ResumableLoader "
-        "(not the sampler's drawn position), with the model's and optimizer's"
+        "the loader's state was not restored. When the command runs again, it must load its last checkpoint "
+        "from {run_dir} and pass the loader state saved there to loader.load_state_dict(...) of its "
+        "ResumableLoader (not the sampler's drawn position), as it passes the model's and the optimizer's "
+        "states to theirs"
     )
     shared_checkpoints: ClassVar[str] = (
         "it resumed from a checkpoint another run left. Each run must keep its checkpoints in the "

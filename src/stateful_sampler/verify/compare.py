@@ -42,6 +42,16 @@ RNG_FIX = (
 )
 
 
+# The right records with other values: a dataset's own random draws, which come from RNG streams a resume restarts.
+AUGMENTATION_FIX = (
+    "A dataset that draws its own augmentation (torch.rand, np.random, random in __getitem__) takes it from its "
+    "DataLoader worker's RNG stream, which a resume (or another worker count) starts over: wrap it in "
+    "stateful_sampler.seeding.SeededDataset(dataset), which seeds each record's draws from (seed, epoch, index); "
+    "if it is one already, a generator the dataset builds itself is not seeded: define load_sample(index, rng) "
+    "and draw from rng.numpy or rng.torch"
+)
+
+
 def compare_runs(
     reference: RunRecord, killed: RunRecord, resumed: RunRecord, kill_at: int, *, not_resumed: str = NOT_RESUMED
 ) -> ResumeReport:
@@ -107,7 +117,7 @@ def _mismatch(run_name: str, want: BatchRecord, got: BatchRecord) -> str:
         lines.append(f"  expected indices {want.indices}")
         lines.append(f"  got indices      {got.indices}")
     elif want.indices is not None:
-        lines.append(f"  same indices {want.indices}: the augmentation differs")
+        lines.append(f"  same indices {want.indices}: the augmentation differs. {AUGMENTATION_FIX}")
     return "\n".join(lines)
 
 

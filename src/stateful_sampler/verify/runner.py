@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -35,6 +37,7 @@ from stateful_sampler.verify.recorder import (
 )
 
 _LOG_TAIL_LINES = 40
+_TRACEBACK_LINES = 30  # of the error a run raised, its last lines (the frames nearest the raise)
 _POLL_SECONDS = 0.2  # how often a running run is looked at: its end, its pause, its records
 PROGRESS_SECONDS = 10.0  # how often the step a run reached is reported
 PLUGIN = "stateful_sampler.verify.plugin"  # verify.plugin.MODULE, named without importing the core's hooks here
@@ -111,7 +114,7 @@ def run_training(
     if code != 0 and problem.exists():
         raise ConfigError(f"config {settings.describe()!r}: {problem.read_text()}")
     if code != 0:
-        raise TrainingRunError(f"the {name} run exited with code {code}" + _log_tail(run_dir, name))
+        raise TrainingRunError(f"the {name} run exited with code {code}" + _failure(run_dir, name))
     watch.finished()
     return read_run(run_dir / name)
 
@@ -244,7 +247,7 @@ def _wait_for_every_rank(
         elif process.poll() is not None:
             raise RunEndedEarly(
                 f"the {name} run ended (exit code {process.returncode}) before reaching step {kill_at}"
-                + _log_tail(run_dir, name),
+                + _failure(run_dir, name),
                 process.returncode,
             )
 
@@ -258,3 +261,77 @@ def _log_tail(run_dir: Path, name: str) -> str:
     log = run_dir / f"{name}.log"
     lines = log.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:] if log.exists() else []
     return f"; last lines of {log}:\n" + "\n".join(lines)
+
+
+def _failure(run_dir: Path, name: str) -> str:
+    """Why a run failed: the error one of its processes raised, with its traceback, when the log holds
+    one (under torchrun or ``accelerate launch`` the log ends with the launcher's own traceback, which
+    only says that a rank failed); else the log's last lines."""
+    log = run_dir / f"{name}.log"
+    error = raised_error(log.read_text(errors="replace")) if log.exists() else None
+    if error is None:
+        return _log_tail(run_dir, name)
+    return f": {error.exception}\nits traceback, from {log}:\n" + "\n".join(error.traceback[-_TRACEBACK_LINES:])
+
+
+@dataclass(frozen=True)
+class RaisedError:
+    exception: str  # the exception as Python printed it: "DoubleShardingError: ..."
+    traceback: list[str]  # its traceback's lines, through the exception's line
+
+    @property
+    def name(self) -> str:
+        return self.exception.split(":", 1)[0].rsplit(".", 1)[-1]
+
+
+# What a launcher raises when a process it started failed: the process's own error is the one to show.
+LAUNCHER_ERRORS = frozenset({"ChildFailedError", "CalledProcessError"})  # torchrun's; accelerate launch's
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank(\d+)\]:\s?")  # torch.distributed's prefix on a rank's traceback
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+def raised_error(output: str) -> RaisedError | None:
+    """The first error a process raised in ``output`` (the run's log, every process's stdout and stderr
+    in one), that is not a launcher's report of another process's failure; ``None`` if there is none.
+    Ranks' lines that torch.distributed prefixes with ``[rankN]:`` are read rank by rank, so tracebacks
+    of ranks that failed at once do not mix; of a chain of exceptions, the last one raised is taken.
+
+    Example:
+        >>> raised_error("Traceback (most recent call last):\n  File 'x.py', line 1\nValueError: bad\n").exception
+        'ValueError: bad'
+    """
+    streams: dict[str | None, list[tuple[int, str]]] = {}
+    for number, line in enumerate(output.splitlines()):
+        prefix = _RANK_PREFIX.match(line)
+        streams.setdefault(prefix.group(1) if prefix else None, []).append(
+            (number, line[prefix.end() :] if prefix else line)
+        )
+    found = [error for lines in streams.values() for error in _tracebacks(lines)]
+    real = [(start, error) for start, error in found if error.name not in LAUNCHER_ERRORS]
+    return min(real, key=lambda found: found[0])[1] if real else None
+
+
+def _tracebacks(lines: list[tuple[int, str]]) -> list[tuple[int, RaisedError]]:
+    """Each chain of tracebacks in one process's lines: where it starts, and its last exception."""
+    chains: list[tuple[int, RaisedError]] = []
+    index = 0
+    while index < len(lines):
+        number, text = lines[index]
+        if not text.startswith(_TRACEBACK):
+            index += 1
+            continue
+        end = index + 1
+        while end < len(lines) and lines[end][1].startswith(" "):
+            end += 1
+        if end == len(lines) or not lines[end][1].strip():
+            index = end  # cut off before its exception: nothing to name
+            continue
+        error = RaisedError(lines[end][1], [text for _, text in lines[index : end + 1]])
+        before = " ".join(text for _, text in lines[max(index - 3, 0) : index])
+        if chains and any(phrase in before for phrase in _CHAINED):
+            chains[-1] = (chains[-1][0], error)  # the same failure, raised again: its last form
+        else:
+            chains.append((number, error))
+        index = end + 1
+    return chains

@@ -4,7 +4,9 @@
 ``LightningCLI`` plus a ``BatchRecorder`` (configured from the environment by the runner), with
 every ``ModelCheckpoint`` redirected into the run's own directory, so a verification never
 writes into the user's checkpoint folders and two runs never resume from each other's files.
-A config LightningCLI refuses leaves its reason in one line for verify to show, not a usage text.
+A config LightningCLI refuses leaves its reason in one line for verify to show, not a usage text;
+so does a fit whose ``StatefulSampler`` has no ``SamplerCheckpoint``, at the start of the first run:
+its resume would be refused, after a whole uninterrupted training.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
+from stateful_sampler.lightning.callback import SamplerCheckpointHooks
+from stateful_sampler.lightning.loaders import train_samplers
 from stateful_sampler.verify.errors import ConfigError
 from stateful_sampler.verify.lifeline import watch_lifeline
 from stateful_sampler.verify.lightning_cli.config import parse_problem
@@ -31,6 +35,16 @@ class BatchRecorder(Callback):
 
     def __init__(self, recording: TrainerRecording) -> None:
         self.recording = recording
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]  # set by Trainer.__init__
+        if train_samplers(trainer) and not any(isinstance(callback, SamplerCheckpointHooks) for callback in callbacks):
+            raise ConfigError(
+                "trainer.callbacks: the train dataloader draws from a StatefulSampler, but SamplerCheckpoint is not "
+                "among the Trainer's callbacks: without it Lightning cannot resume the sampler exactly, and the "
+                "resumed run would be refused. Add {class_path: stateful_sampler.lightning.SamplerCheckpoint} to "
+                "trainer.callbacks"
+            )
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self.recording.batch(trainer, batch, batch_idx)
