@@ -31,7 +31,7 @@ def saved_dataset_shards(directory: str, storage_options: Mapping[str, Any] | No
 
     Example:
         >>> shards = saved_dataset_shards("/data/my_dataset/train")  # doctest: +SKIP
-        >>> stream = ShardedStream(shards, ArrowReader(), batch_size=32)
+        >>> stream = ShardedStream(shards, ArrowReader(), batch_size=32)  # doctest: +SKIP
     """
     join = posixpath.join if is_url(directory) else os.path.join
     state_file = join(directory, "state.json")

@@ -99,7 +99,7 @@ class ShardCache:
 
     Example:
         >>> reader = ShardCache(ParquetReader(), "/local/cache", max_bytes=20 << 30)  # doctest: +SKIP
-        >>> stream = ShardedStream(["s3://bucket/part-000.parquet", ...], reader, batch_size=32)
+        >>> stream = ShardedStream(["s3://bucket/part-000.parquet", ...], reader, batch_size=32)  # doctest: +SKIP
     """
 
     def __init__(

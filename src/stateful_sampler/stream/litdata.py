@@ -136,7 +136,7 @@ class LitDataReader:
 
     Example:
         >>> reader = LitDataReader("s3://bucket/optimized")  # doctest: +SKIP
-        >>> stream = ShardedStream(reader.shards, reader, batch_size=32)
+        >>> stream = ShardedStream(reader.shards, reader, batch_size=32)  # doctest: +SKIP
     """
 
     root: str

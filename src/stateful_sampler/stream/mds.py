@@ -150,7 +150,7 @@ class MDSReader:
     Example:
         >>> reader = MDSReader("s3://bucket/mds-dataset")  # doctest: +SKIP
         >>> stream = ShardedStream(reader.shards, ShardCache(reader, "/local/cache", max_bytes=50 << 30),
-        ...                        batch_size=32)
+        ...                        batch_size=32)  # doctest: +SKIP
     """
 
     root: str

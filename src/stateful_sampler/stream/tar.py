@@ -150,7 +150,8 @@ class TarReader:
     Example:
         >>> stream = ShardedStream(["s3://bucket/train-000.tar", ...], TarReader(), batch_size=32,
         ...                        transform=decode)  # doctest: +SKIP
-        >>> next(iter(stream))  # {"__key__": "000017", "__url__": "s3://...", "jpg": b"...", "cls": b"3"}
+        >>> next(iter(stream))  # doctest: +SKIP
+        {"__key__": "000017", "__url__": "s3://...", "jpg": b"...", "cls": b"3"}
     """
 
     storage_options: dict[str, Any] | None = None

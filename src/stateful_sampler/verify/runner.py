@@ -292,7 +292,7 @@ _CHAINED = ("During handling of the above exception", "The above exception was t
 
 
 def raised_error(output: str) -> RaisedError | None:
-    """The first error a process raised in ``output`` (the run's log, every process's stdout and stderr
+    r"""The first error a process raised in ``output`` (the run's log, every process's stdout and stderr
     in one), that is not a launcher's report of another process's failure; ``None`` if there is none.
     Ranks' lines that torch.distributed prefixes with ``[rankN]:`` are read rank by rank, so tracebacks
     of ranks that failed at once do not mix; of a chain of exceptions, the last one raised is taken.
