@@ -9,15 +9,17 @@ mark. So here the sampler shards (with its tail policy and padding marks) and Ac
 the loader goes through Accelerate's ``prepare_data_loader`` as one process, which keeps device
 placement and the end-of-loader signal gradient accumulation needs, and is registered for
 ``accelerator.save_state`` / ``load_state``, which then carry the consumed position: no
-``skip_first_batches`` replay.
+``skip_first_batches`` replay. ``accelerator.prepare`` itself is refused with ``DoubleShardingError`` in
+every configuration, at prepare or at the first batch (``resharding.py``).
 """
 
 from __future__ import annotations
 
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader
 
 from stateful_sampler.extras import missing_extra
 from stateful_sampler.loader import ResumableLoader, find_sampler
+from stateful_sampler.resumable import DatasetOrder
 
 try:
     from accelerate import Accelerator
@@ -45,6 +47,17 @@ def prepare_loader(accelerator: Accelerator, loader: DataLoader) -> ResumableLoa
         raise ValueError(
             "dispatch_batches=True loads every batch on process 0, but the StatefulSampler gives each process its "
             "own share: use DataLoaderConfiguration(dispatch_batches=False)"
+        )
+    if isinstance(getattr(loader, "sampler", None), BatchSampler):
+        raise TypeError(
+            "DataLoader(sampler=BatchSampler(...), batch_size=None): Accelerate's prepare_data_loader cannot prepare "
+            "a loader whose sampler yields batches (TypeError); pass it as DataLoader(dataset, batch_sampler=...)"
+        )
+    if isinstance(sampler, DatasetOrder) and accelerator.use_stateful_dataloader:
+        raise ValueError(
+            "use_stateful_dataloader=True builds torchdata's StatefulDataLoader over the ShardedStream and iterates it "
+            "at prepare, outside any pass of the stream; the position is ResumableLoader's to keep: use "
+            "DataLoaderConfiguration(use_stateful_dataloader=False)"
         )
     if sampler.num_replicas != accelerator.num_processes:
         raise ValueError(

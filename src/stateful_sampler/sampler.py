@@ -30,6 +30,7 @@ from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.policies import Order, Tail
 from stateful_sampler.order.strategy import Strategy, Uniform
 from stateful_sampler.records import MAX_TORCH_SIZE, PassRecords
+from stateful_sampler.resharding import refuse_resharding
 from stateful_sampler.state import STATE_VERSION, SamplerState
 
 _FIRST_BLOCK = 1024  # small, so the first batch after a resume is quick
@@ -298,6 +299,7 @@ class StatefulSampler(DistributedSampler):
         """Move to ``epoch``'s start; the current epoch keeps its position (Lightning calls this again
         on resume, after the restored mid-epoch position is in place)."""
         epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
+        refuse_resharding(self, sys._getframe(1))  # Accelerate's dispatcher calls this on every rank, first
         if epoch != self._cursor.epoch or (self._pass is not None and self._pass.finished):
             self._commit(_Cursor(epoch, 0, self._carry_start(epoch)))
 
@@ -362,6 +364,7 @@ class StatefulSampler(DistributedSampler):
         ``next()`` still yields its order (as two iterators of ``DistributedSampler`` both do), but
         detached: the state and the epoch follow the newest iterator only."""
         attached = self._latest is token
+        refuse_resharding(self, sys._getframe(1))
         prefetches, snapshots, driver = _pass_driver(sys._getframe(1))
         if attached:
             for hook in tuple(_pass_start_hooks):

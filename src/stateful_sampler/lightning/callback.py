@@ -37,7 +37,9 @@ from stateful_sampler.lightning.framework import framework_of
 from stateful_sampler.lightning.loaders import (
     SamplerSetupError,
     checked_train_samplers,
+    keep_distributed_batch_samplers,
     restart_train_iteration,
+    set_batch_sampler_epochs,
     superseded_loader_states,
     train_samplers,
 )
@@ -168,6 +170,7 @@ class SamplerCheckpointHooks:
     # -- lifecycle
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        keep_distributed_batch_samplers(trainer)  # before Lightning prepares any loader
         if stage == "fit" and self._remove_hook is None:
             self._forget_the_run()
             self._trainer = trainer
@@ -310,6 +313,7 @@ class SamplerCheckpointHooks:
         if trainer.fit_loop.restarting and framework_of(trainer).restarts_from_completed:
             return  # Lightning < 2.5 calls this for the resumed epoch too: on_train_start counted it
         self._ended_at_start = None
+        set_batch_sampler_epochs(trainer, _lightning_epoch(trainer))  # Lightning has set the others' epochs
         count_epoch(trainer, 0, _fetched(trainer))
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:

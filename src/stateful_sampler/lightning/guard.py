@@ -11,10 +11,22 @@ the uninterrupted fit trains the rest of epoch 0). Only ``SamplerCheckpoint`` re
 A user who forgot the callback is never in our code, so this guard comes in through Lightning's
 ``callbacks_factory`` entry points (pyproject.toml): every ``Trainer`` gets it, and it does
 nothing unless a fit resumes train loaders that hold a ``StatefulSampler`` without the callback.
+Since it is in every program that has the package installed, it is:
+
+- picklable (``ddp_spawn`` pickles the ``Trainer``): a module-level class under each package's own
+  ``Callback`` (``lightning_pytorch.py``, ``pytorch_lightning.py``), imported by its factory only,
+  so neither package is imported where it is not the one in use;
+- silent: Lightning logs each entry point that adds callbacks, at INFO, for every ``Trainer``; a
+  filter on its registry's logger drops that one line, about ours, and nothing else;
+- cheap: a hook that returns at once unless the fit resumes; the factory imports this package once;
+- optional: ``STATEFUL_SAMPLER_NO_LIGHTNING_GUARD=1`` in the environment adds no guard.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from stateful_sampler.lightning.loaders import SamplerSetupError, train_samplers
@@ -22,9 +34,22 @@ from stateful_sampler.lightning.loaders import SamplerSetupError, train_samplers
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer
 
+OPT_OUT_ENV = "STATEFUL_SAMPLER_NO_LIGHTNING_GUARD"
+ENTRY_POINT = "stateful_sampler"  # the entry points' name in pyproject.toml
+# Where each package's guard class is: the one module of ours that imports that package.
+_GUARD_MODULES = {
+    "lightning": "stateful_sampler.lightning.lightning_pytorch",
+    "pytorch_lightning": "stateful_sampler.pytorch_lightning",
+}
+# The logger Lightning's _load_external_callbacks logs through, in each package's fabric.
+_REGISTRY_LOGGERS = {
+    "lightning": "lightning.fabric.utilities.registry",
+    "pytorch_lightning": "lightning_fabric.utilities.registry",
+}
+
 
 class ResumeGuardHooks:
-    """The guard's one hook; under each package's ``Callback`` in ``lightning_guard`` and ``pytorch_lightning_guard``."""
+    """The guard's one hook; ``StatefulSamplerResumeGuard`` is this under each package's ``Callback``."""
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         from stateful_sampler.lightning.callback import SamplerCheckpointHooks
@@ -42,15 +67,38 @@ class ResumeGuardHooks:
             )
 
 
+def guard_wanted() -> bool:
+    """Whether the environment leaves the guard on: ``STATEFUL_SAMPLER_NO_LIGHTNING_GUARD`` unset, empty or
+    ``0`` keeps it, ``1`` opts out; any other value is refused, naming the variable."""
+    value = os.environ.get(OPT_OUT_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{OPT_OUT_ENV} must be 1 (no resume guard in Lightning Trainers) or 0, got {value!r}")
+    return value != "1"
+
+
+class _OwnEntryPointLine(logging.Filter):
+    """Drops Lightning's "Adding 1 callbacks from entry point 'stateful_sampler'" line, only that one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Adding ") and f"from entry point '{ENTRY_POINT}'" in message)
+
+
+_OWN_LINE = _OwnEntryPointLine()
+
+
+def _guards(package: str) -> list[Any]:
+    if not guard_wanted():
+        return []
+    logging.getLogger(_REGISTRY_LOGGERS[package]).addFilter(_OWN_LINE)  # the same filter once: addFilter dedups
+    return [importlib.import_module(_GUARD_MODULES[package]).StatefulSamplerResumeGuard()]
+
+
 def lightning_guard() -> list[Any]:
     """Entry point of ``lightning.pytorch.callbacks_factory``."""
-    from lightning.pytorch import Callback
-
-    return [type("StatefulSamplerResumeGuard", (ResumeGuardHooks, Callback), {})()]
+    return _guards("lightning")
 
 
 def pytorch_lightning_guard() -> list[Any]:
     """Entry point of ``pytorch_lightning.callbacks_factory``."""
-    from pytorch_lightning import Callback
-
-    return [type("StatefulSamplerResumeGuard", (ResumeGuardHooks, Callback), {})()]
+    return _guards("pytorch_lightning")

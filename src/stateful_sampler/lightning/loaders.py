@@ -2,12 +2,15 @@
 
 Lightning flattens list/dict/nested train loaders into one ``CombinedLoader``; each loader's
 sampler sits at ``loader.sampler`` or ``loader.batch_sampler.sampler`` (the two places
-Lightning itself calls ``set_epoch`` on). Anything else in those places cannot be resumed
+Lightning itself calls ``set_epoch`` on), or is the batch sampler (``TokenBudgetBatches``), whose
+epoch ``SamplerCheckpoint`` sets at each pass start. Anything else in those places cannot be resumed
 exactly, so it is an error raised before the first training step, not a silent replay.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stateful_sampler.checks import check_int
@@ -54,6 +57,40 @@ def train_samplers(trainer: Trainer) -> list[StatefulSampler]:
     if combined is None:
         return []
     return [s for loader in combined.flattened for s in stateful_samplers_of(loader)]
+
+
+def set_batch_sampler_epochs(trainer: Trainer, epoch: int) -> None:
+    """Lightning's ``set_epoch`` at each epoch's start, for the one place it does not call it: a batch sampler
+    that is a ``StatefulSampler`` (``TokenBudgetBatches``). Without it such a sampler still holds the last
+    epoch's pass at the start of the next (Lightning stops fetching at its count, so that pass never sees its
+    end), and the next epoch's batches would be counted from it."""
+    combined = combined_train_loader(trainer)
+    for loader in combined.flattened if combined is not None else []:
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        if isinstance(batch_sampler, StatefulSampler):
+            batch_sampler.set_epoch(epoch)
+
+
+@dataclass(frozen=True)
+class _KeepOurBatchSamplers:
+    """Lightning's ``_requires_distributed_sampler``, false as well for a loader whose batch sampler is ours."""
+
+    requires: Callable[[Any], bool]
+
+    def __call__(self, dataloader: Any) -> bool:
+        return not isinstance(getattr(dataloader, "batch_sampler", None), StatefulSampler) and self.requires(dataloader)
+
+
+def keep_distributed_batch_samplers(trainer: Trainer) -> None:
+    """Under ``use_distributed_sampler`` (the default), leave a loader whose batch sampler is a ``StatefulSampler``
+    (``TokenBudgetBatches``, a ``DistributedSampler``) as it is, as Lightning leaves one whose sampler is a
+    ``DistributedSampler``. Lightning looks at ``loader.sampler`` only, a ``SequentialSampler`` beside a batch
+    sampler, and rebuilds the batch sampler around a ``DistributedSampler`` of its own: a ``TypeError``, since
+    ours takes none (it shards itself)."""
+    connector = trainer._data_connector
+    if not isinstance(connector._requires_distributed_sampler, _KeepOurBatchSamplers):
+        # on this Trainer's connector only
+        connector._requires_distributed_sampler = _KeepOurBatchSamplers(connector._requires_distributed_sampler)  # type: ignore[method-assign]
 
 
 def stateful_samplers_of(loader: Any) -> list[StatefulSampler]:
@@ -145,8 +182,11 @@ def _check_not_cycled(combined: CombinedLoader) -> None:
 
 
 def _samplers_of(loader: Any) -> list[Any]:
-    """The distinct objects at ``loader.sampler`` and ``loader.batch_sampler.sampler``."""
-    candidates = [getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)]
+    """The distinct objects at ``loader.sampler`` and ``loader.batch_sampler.sampler``, and ``loader.batch_sampler``
+    when it is a ``StatefulSampler`` itself (``TokenBudgetBatches``)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    ours = batch_sampler if isinstance(batch_sampler, StatefulSampler) else None
+    candidates = [getattr(loader, "sampler", None), ours, getattr(batch_sampler, "sampler", None)]
     distinct: dict[int, Any] = {id(c): c for c in candidates if c is not None}
     return list(distinct.values())
 

@@ -34,6 +34,7 @@ from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.policies import Tail
 from stateful_sampler.order.shards import EpochWindows, ShardedShuffle
+from stateful_sampler.resharding import refuse_resharding
 from stateful_sampler.resumable import dataloaders_under
 from stateful_sampler.sampler import _pass_start_hooks  # add_pass_start_hook's hooks run for streams too
 from stateful_sampler.stream.layout import StreamLayout
@@ -198,6 +199,7 @@ class ShardedStream(IterableDataset):
         under way (begun, not taken to its end) it goes on, for frameworks that call ``set_epoch`` again
         once the pass began (Lightning, Accelerate). Any other epoch leaves the pass under way."""
         epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
+        refuse_resharding(self, sys._getframe(1))  # Accelerate's dispatcher calls this on every rank, first
         if self._pass is None and epoch == self._next.epoch:
             return
         if self._pass is not None and not self._pass_ended and epoch == self._pass.epoch:
@@ -324,6 +326,7 @@ class ShardedStream(IterableDataset):
     # -- iteration
 
     def __iter__(self) -> Iterator[Any]:
+        refuse_resharding(self, sys._getframe(1))  # before a worker's own refusal: it would name the wrong fix
         info = get_worker_info()
         if info is not None or _called_by_a_fetcher():
             if not self._driving:
