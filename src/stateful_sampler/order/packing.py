@@ -90,11 +90,12 @@ def bin_counts(windows: np.ndarray, capacity: int, *, padded: bool = False) -> n
     windows = np.asarray(windows)
     if not windows.size:
         return np.zeros(len(windows), dtype=np.int64)
-    longest_first = np.sort(windows.astype(np.int64), axis=1)[:, ::-1]
+    if not padded and (capacity > _MAX_VECTOR_CAPACITY or len(windows) < _MIN_VECTOR_WINDOWS):
+        return np.array([len(pack_window(row, capacity)) for row in windows], dtype=np.int64)
+    # lengths are at most capacity: int32 when it fits (half the memory traffic of the lock-step's reads)
+    longest_first = np.sort(windows.astype(np.int32 if capacity < (1 << 31) else np.int64), axis=1)[:, ::-1]
     if padded:
         return _padded_counts(longest_first, capacity)
-    if capacity > _MAX_VECTOR_CAPACITY or len(windows) < _MIN_VECTOR_WINDOWS:
-        return np.array([len(pack_window(row, capacity)) for row in windows], dtype=np.int64)
     per_batch = max(1, _TABLE_CELLS // capacity)
     return np.concatenate(
         [_best_fit_counts(longest_first[at : at + per_batch], capacity) for at in range(0, len(windows), per_batch)]
@@ -167,7 +168,7 @@ def _best_fit_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
     top, top_words = len(widths) - 1, levels[-1]
     for step in range(steps):
         live = int(live_at[step])
-        need = steps_major[step, :live]
+        need = steps_major[step, :live].astype(np.int64)
         # the smallest room >= need: the word holding need at each level, then down from the first hit
         value = need
         quotients: list[np.ndarray] = []

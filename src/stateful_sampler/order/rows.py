@@ -34,7 +34,7 @@ from stateful_sampler.order.windows import PassWindows, WindowCache, WindowStart
 
 Slice = tuple[int, int, int]  # (record, start, stop): tokens [start, stop) of the record
 _KEPT_PASSES = 3  # carry reads across one pass boundary; a state probe may ask for the previous pass
-_COUNTED_AT_ONCE = 1 << 22  # records whose windows' rows are counted together: a few tens of MB of temporaries
+_COUNTED_AT_ONCE = 1 << 23  # records whose windows' rows are counted together: ~100 MB of temporaries
 
 
 class RowOrder(Strategy):
@@ -190,7 +190,7 @@ class PassRows:
         per_batch = max(1, _COUNTED_AT_ONCE // windows.window)
         for first in range(0, windows.count, per_batch):
             last = min(first + per_batch, windows.count)
-            lengths = order.lengths[windows.records_between(first, last)]
+            lengths = windows.lengths_between(order.lengths, first, last)
             if order.truncate:
                 lengths = np.minimum(lengths, order.capacity)
             whole = min(last, full) - first

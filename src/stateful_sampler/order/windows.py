@@ -26,6 +26,7 @@ from stateful_sampler.order.mixing import Domain, derive_seed
 from stateful_sampler.order.permutation import FeistelPermutation
 
 _TAG = 0x5041434B  # "PACK": this module's seeds
+_SHUFFLE_BLOCK = 1 << 14  # positions shuffled at once: the Feistel rounds' arrays stay in the L2 cache
 _WALK = 4  # windows walked one by one before a question far ahead takes every window's units at once
 T = TypeVar("T")
 
@@ -45,9 +46,16 @@ class PassWindows:
         start = index * self.window
         return self._shuffle(np.arange(start, min(start + self.window, self.size), dtype=np.int64))
 
-    def records_between(self, first: int, last: int) -> np.ndarray:
-        """The records of windows [first, last), one window after the other, in shuffled order."""
-        return self._shuffle(np.arange(first * self.window, min(last * self.window, self.size), dtype=np.int64))
+    def lengths_between(self, lengths: np.ndarray, first: int, last: int) -> np.ndarray:
+        """``lengths`` of the records of windows [first, last), one window after the other, in shuffled order;
+        shuffled a block of positions at a time, so the cipher's scratch stays in the cache and no array of
+        the records is held (the lengths keep the user's dtype: int32 lengths stay 4 bytes a record)."""
+        start, stop = first * self.window, min(last * self.window, self.size)
+        out = np.empty(stop - start, dtype=lengths.dtype)
+        for at in range(start, stop, _SHUFFLE_BLOCK):
+            end = min(at + _SHUFFLE_BLOCK, stop)
+            out[at - start : end - start] = lengths[self._shuffle(np.arange(at, end, dtype=np.int64))]
+        return out
 
     def rng(self, index: int) -> np.random.Generator:
         """Randomness of window ``index`` only (the order of its bins), pure in (seed, pass, window)."""
