@@ -5,7 +5,9 @@
   ``LengthGroupedSampler`` (fixed batch, padded to the longest);
 - cost per row / per batch of a whole epoch through our sampler against a NumPy first-fit packer;
 - resume at the middle of an epoch against rebuilding the packing from the start;
-- peak memory beyond the user's lengths array.
+- peak memory beyond the user's lengths array;
+- (issue 26 item 5) an epoch's start at 10^6 / 10^7 / 10^8 records: the first row of epoch 0 and the epoch's row
+  count, and the first batch after a resume at N/2, against the code before item 5 in the same run.
 
 Each case runs in a fresh interpreter (``python -m benchmarks.cases_packing CASE JSON``), so its peak RSS is
 its own (``benchmarks/isolated.py``).
@@ -14,7 +16,10 @@ its own (``benchmarks/isolated.py``).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
@@ -177,7 +182,74 @@ def memory(size: int) -> dict[str, Any]:
             "resume_seconds": perf_counter() - started_resume, "rows": count}  # fmt: skip
 
 
-CASES: dict[str, Callable[..., dict[str, Any]]] = {"waste": waste, "cost": cost, "resume": resume, "memory": memory}
+EPOCH_START_MODES = {  # what counts an epoch's rows by packing every window: whole rows, and both token budgets
+    "rows-whole": lambda lengths, **kw: _packed_rows()(lengths, SEQ_LEN, split_records=False, **kw),
+    "budget-padded": lambda lengths, **kw: _token_budget()(lengths, 16384, padded=True, **kw),
+    "budget-unpadded": lambda lengths, **kw: _token_budget()(lengths, 16384, padded=False, **kw),
+}
+
+
+def _packed_rows() -> Any:
+    from stateful_sampler import PackedRows
+
+    return PackedRows
+
+
+def _token_budget() -> Any:
+    from stateful_sampler import TokenBudgetBatches
+
+    return TokenBudgetBatches
+
+
+def epoch_start(size: int, mode: str, resume: bool = True) -> dict[str, Any]:
+    """Seconds from building the sampler to its first row of epoch 0 (the epoch's row count is what it waits
+    for), the row count, and (``resume``) seconds from building a sampler to its first batch of 8 after loading a
+    state saved at the middle row of epoch 0. Public API only: it runs against the code before item 5 as well."""
+    lengths = lognormal_lengths(size, np.int32)
+    make = lambda: EPOCH_START_MODES[mode](lengths, seed=6)
+    started = perf_counter()
+    sampler = make()
+    first = next(iter(sampler))
+    seconds = perf_counter() - started
+    result: dict[str, Any] = {"seconds": seconds, "rows": sampler.rows_in_epoch(0), "first": list(first)}
+    if resume:
+        state = mid_epoch_state(sampler)
+        started = perf_counter()
+        resumed = make()
+        resumed.load_state_dict(state)
+        iterator = iter(resumed)
+        batch = [next(iterator) for _ in range(8)]
+        result["resume_seconds"] = perf_counter() - started
+        assert batch[0].key.index == state["position"]
+    return result
+
+
+def run_before(name: str, **params: Any) -> dict[str, Any]:
+    """Case ``name`` against the library as this branch found it (its merge base with main), in a fresh
+    interpreter that imports that copy of ``src`` first."""
+    base = subprocess.run(["git", "merge-base", "HEAD", "main"], cwd=isolated.ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+    with tempfile.TemporaryDirectory() as copy:
+        archive = subprocess.run(["git", "archive", base, "src"], cwd=isolated.ROOT, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", copy], input=archive.stdout, check=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([os.path.join(copy, "src"), os.environ.get("PYTHONPATH", "")]),
+        }
+        completed = subprocess.run(
+            [sys.executable, "-m", "benchmarks.cases_packing", name, json.dumps(params)],
+            cwd=isolated.ROOT, capture_output=True, text=True, check=False, env=env,
+        )  # fmt: skip
+    if completed.returncode != 0:
+        raise RuntimeError(f"case {name}({params}) before item 5 failed:\n{completed.stderr[-3000:]}")
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    result["base"] = base[:7]
+    return result
+
+
+CASES: dict[str, Callable[..., dict[str, Any]]] = {
+    "waste": waste, "cost": cost, "resume": resume, "memory": memory, "epoch_start": epoch_start,
+}  # fmt: skip
 
 
 def run(name: str, **params: Any) -> dict[str, Any]:
@@ -231,3 +303,32 @@ def packing(full: bool, run_case: Any, figures: Any) -> None:
 
 if __name__ == "__main__":
     isolated.child(CASES, sys.argv[1], json.loads(sys.argv[2]))
+
+
+def epoch_starts(full: bool, run_case: Any, figures: Any) -> None:
+    """Issue 26 item 5: an epoch's start, before and after, side by side (``python -m benchmarks --only
+    packing-scale``). The code before runs at 10^8 with ``--full`` only (it takes minutes there)."""
+    from benchmarks.figures import Check, Row
+
+    for size in (10**6, 10**7, 10**8):
+        label = f"10^{len(str(size)) - 1}"
+        figure = f"packing: epoch start (first row of epoch 0 and its row count), N={label} log-normal int32 lengths"
+        for mode in EPOCH_START_MODES:
+            ours = run("epoch_start", size=size, mode=mode)
+            figures.rows.append(Row(figure, mode, "ours: rows counted in NumPy", ours["seconds"], "s",
+                                    ours["peak_mib_above_baseline"], f"{ours['rows']} rows"))  # fmt: skip
+            if size < 10**8 or full:
+                before = run_before("epoch_start", size=size, mode=mode, resume=False)
+                assert before["rows"] == ours["rows"] and before["first"] == ours["first"], (mode, size)
+                figures.rows.append(Row(figure, mode, f"before ({before['base']}): windows packed one by one",
+                                        before["seconds"], "s", before["peak_mib_above_baseline"],
+                                        f"{before['rows']} rows, the same"))  # fmt: skip
+                if size == 10**7:
+                    ratio = before["seconds"] / ours["seconds"]
+                    figures.checks.append(Check(f"{mode}: epoch start at 10^7 ≥ 20× faster than before",
+                                                f"{ratio:.1f}×", ratio >= 20))  # fmt: skip
+            if size == 10**8:
+                figures.checks.append(Check(f"{mode}: epoch of 10^8 records starts in ≤ 15 s",
+                                            f"{ours['seconds']:.1f} s", ours["seconds"] <= 15))  # fmt: skip
+                figures.checks.append(Check(f"{mode}: first batch after a resume at N/2 of 10^8 in ≤ 1 s",
+                                            f"{ours['resume_seconds']:.2f} s", ours["resume_seconds"] <= 1))  # fmt: skip
