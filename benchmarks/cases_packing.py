@@ -305,12 +305,12 @@ if __name__ == "__main__":
     isolated.child(CASES, sys.argv[1], json.loads(sys.argv[2]))
 
 
-def epoch_starts(full: bool, run_case: Any, figures: Any) -> None:
+def epoch_starts(full: bool, run_case: Any, figures: Any, sizes: tuple[int, ...] | None = None) -> None:
     """Issue 26 item 5: an epoch's start, before and after, side by side (``python -m benchmarks --only
-    packing-scale``). The code before runs at 10^8 with ``--full`` only (it takes minutes there)."""
+    packing-scale``). 10^8 runs with ``--full`` only: the code before takes minutes there."""
     from benchmarks.figures import Check, Row
 
-    for size in (10**6, 10**7, 10**8):
+    for size in sizes or ((10**6, 10**7, 10**8) if full else (10**6, 10**7)):
         label = f"10^{len(str(size)) - 1}"
         figure = f"packing: epoch start (first row of epoch 0 and its row count), N={label} log-normal int32 lengths"
         for mode in EPOCH_START_MODES:

@@ -93,7 +93,8 @@ def bin_counts(windows: np.ndarray, capacity: int, *, padded: bool = False) -> n
     if not padded and (capacity > _MAX_VECTOR_CAPACITY or len(windows) < _MIN_VECTOR_WINDOWS):
         return np.array([len(pack_window(row, capacity)) for row in windows], dtype=np.int64)
     # lengths are at most capacity: int32 when it fits (half the memory traffic of the lock-step's reads)
-    longest_first = np.sort(windows.astype(np.int32 if capacity < (1 << 31) else np.int64), axis=1)[:, ::-1]
+    narrow = windows.astype(np.int32 if capacity < (1 << 31) else np.int64, copy=False)
+    longest_first = np.sort(narrow, axis=1)[:, ::-1]  # np.sort copies: the caller's array is left as it is
     if padded:
         return _padded_counts(longest_first, capacity)
     per_batch = max(1, _TABLE_CELLS // capacity)
