@@ -27,13 +27,19 @@ import torch
 
 from benchmarks import isolated
 from benchmarks.cases import CASES
-from benchmarks.cases_packing import packing
+from benchmarks.cases_packing import epoch_starts, packing
 from benchmarks.cases_stream_peers import figure as stream_peers
 from benchmarks.cases_stream_remote import figure as stream_remote
 from benchmarks.figures import FIGURES, Check, Figures, Mode, RunCase
 
 # issues 18 and 19's figures, each kept in its own module
-FIGURES = {**FIGURES, "packing": packing, "stream-remote": stream_remote, "stream-peers": stream_peers}
+FIGURES = {
+    **FIGURES,
+    "packing": packing,
+    "packing-scale": epoch_starts,
+    "stream-remote": stream_remote,
+    "stream-peers": stream_peers,
+}
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,7 +5,9 @@
   ``LengthGroupedSampler`` (fixed batch, padded to the longest);
 - cost per row / per batch of a whole epoch through our sampler against a NumPy first-fit packer;
 - resume at the middle of an epoch against rebuilding the packing from the start;
-- peak memory beyond the user's lengths array.
+- peak memory beyond the user's lengths array;
+- (issue 26 item 5) an epoch's start at 10^6 / 10^7 / 10^8 records: the first row of epoch 0 and the epoch's row
+  count, and the first batch after a resume at N/2, against the code before item 5 in the same run.
 
 Each case runs in a fresh interpreter (``python -m benchmarks.cases_packing CASE JSON``), so its peak RSS is
 its own (``benchmarks/isolated.py``).
@@ -14,9 +16,12 @@ its own (``benchmarks/isolated.py``).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
-from time import perf_counter
+from time import perf_counter, process_time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -180,7 +185,77 @@ def memory(size: int) -> dict[str, Any]:
             "resume_seconds": perf_counter() - started_resume, "rows": count}  # fmt: skip
 
 
-CASES: dict[str, Callable[..., dict[str, Any]]] = {"waste": waste, "cost": cost, "resume": resume, "memory": memory}
+EPOCH_START_MODES = {  # what counts an epoch's rows by packing every window: whole rows, and both token budgets
+    "rows-whole": lambda lengths, **kw: _packed_rows()(lengths, SEQ_LEN, split_records=False, **kw),
+    "budget-padded": lambda lengths, **kw: _token_budget()(lengths, 16384, padded=True, **kw),
+    "budget-unpadded": lambda lengths, **kw: _token_budget()(lengths, 16384, padded=False, **kw),
+}
+
+
+def _packed_rows() -> Any:
+    from stateful_sampler import PackedRows
+
+    return PackedRows
+
+
+def _token_budget() -> Any:
+    from stateful_sampler import TokenBudgetBatches
+
+    return TokenBudgetBatches
+
+
+def epoch_start(size: int, mode: str, resume: bool = True) -> dict[str, Any]:
+    """Seconds from building the sampler to its first row of epoch 0 (the epoch's row count is what it waits
+    for), the row count, and (``resume``) seconds from building a sampler to its first batch of 8 after loading a
+    state saved at the middle row of epoch 0. Public API only: it runs against the code before item 5 as well."""
+    lengths = lognormal_lengths(size, np.int32)
+    make = lambda: EPOCH_START_MODES[mode](lengths, seed=6)
+    started, cpu = perf_counter(), process_time()
+    sampler = make()
+    first = next(iter(sampler))
+    seconds, cpu = perf_counter() - started, process_time() - cpu
+    result: dict[str, Any] = {"seconds": seconds, "cpu_seconds": cpu, "rows": sampler.rows_in_epoch(0)}
+    result["first"] = [list(piece) if isinstance(piece, tuple) else piece for piece in first]  # as JSON returns it
+    if resume:
+        state = mid_epoch_state(sampler)
+        started = perf_counter()
+        resumed = make()
+        resumed.load_state_dict(state)
+        iterator = iter(resumed)
+        batch = [next(iterator) for _ in range(8)]
+        result["resume_seconds"] = perf_counter() - started
+        assert batch[0].key.index == state["position"]
+    return result
+
+
+BEFORE_ITEM_5 = "51f11899355b82ed05bc8fc12fa563115cdf31c4"  # main before issue 26 item 5 (windows packed one by one)
+
+
+def run_before(name: str, **params: Any) -> dict[str, Any]:
+    """Case ``name`` against the library before issue 26 item 5 (``BEFORE_ITEM_5``), in a fresh interpreter
+    that imports that copy of ``src`` first."""
+    base = BEFORE_ITEM_5
+    with tempfile.TemporaryDirectory() as copy:
+        archive = subprocess.run(["git", "archive", base, "src"], cwd=isolated.ROOT, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", copy], input=archive.stdout, check=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([os.path.join(copy, "src"), os.environ.get("PYTHONPATH", "")]),
+        }
+        completed = subprocess.run(
+            [sys.executable, "-m", "benchmarks.cases_packing", name, json.dumps(params)],
+            cwd=isolated.ROOT, capture_output=True, text=True, check=False, env=env,
+        )  # fmt: skip
+    if completed.returncode != 0:
+        raise RuntimeError(f"case {name}({params}) before item 5 failed:\n{completed.stderr[-3000:]}")
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    result["base"] = base[:7]
+    return result
+
+
+CASES: dict[str, Callable[..., dict[str, Any]]] = {
+    "waste": waste, "cost": cost, "resume": resume, "memory": memory, "epoch_start": epoch_start,
+}  # fmt: skip
 
 
 def run(name: str, **params: Any) -> dict[str, Any]:
@@ -231,6 +306,38 @@ def packing(mode: Mode, run_case: Any, figures: Any) -> None:
         figures.checks.append(
             Check("packing memory beyond the lengths at 10^8 ≤ 64 MB", f"{extra:.0f} MiB", extra <= 64)
         )
+
+
+def epoch_starts(mode: Mode, run_case: Any, figures: Any) -> None:
+    """Issue 26 item 5: an epoch's start, before and after, side by side (``python -m benchmarks --only
+    packing-scale``). 10^8 runs with ``--full`` only: the code before takes minutes there."""
+    from benchmarks.figures import Check, Row
+
+    full = mode.full
+    for size in mode.pick(quick=(10**6, 10**7), full=(10**6, 10**7, 10**8), smoke=(10**4,)):
+        label = f"10^{len(str(size)) - 1}"
+        figure = f"packing: epoch start (first row of epoch 0 and its row count), N={label} log-normal int32 lengths"
+        for packing_mode in EPOCH_START_MODES:
+            ours = run("epoch_start", size=size, mode=packing_mode)
+            figures.rows.append(Row(figure, packing_mode, "ours: rows counted in NumPy", ours["seconds"], "s",
+                                    ours["peak_mib_above_baseline"],
+                                    f"{ours['rows']} rows; CPU {ours['cpu_seconds']:.3g} s"))  # fmt: skip
+            if size < 10**8 or full:
+                before = run_before("epoch_start", size=size, mode=packing_mode, resume=False)
+                assert before["rows"] == ours["rows"] and before["first"] == ours["first"], (packing_mode, size)
+                figures.rows.append(Row(figure, packing_mode, f"before ({before['base']}): windows packed one by one",
+                                        before["seconds"], "s", before["peak_mib_above_baseline"],
+                                        f"{before['rows']} rows, the same; CPU {before['cpu_seconds']:.3g} s "
+                                        f"({before['cpu_seconds'] / ours['cpu_seconds']:.1f}×)"))  # fmt: skip
+                if size == 10**7:
+                    ratio = before["seconds"] / ours["seconds"]
+                    figures.checks.append(Check(f"{packing_mode}: epoch start at 10^7 ≥ 20× faster than before",
+                                                f"{ratio:.1f}×", ratio >= 20))  # fmt: skip
+            if size == 10**8:
+                figures.checks.append(Check(f"{packing_mode}: epoch of 10^8 records starts in ≤ 15 s",
+                                            f"{ours['seconds']:.1f} s", ours["seconds"] <= 15))  # fmt: skip
+                figures.checks.append(Check(f"{packing_mode}: first batch after a resume at N/2 of 10^8 in ≤ 1 s",
+                                            f"{ours['resume_seconds']:.2f} s", ours["resume_seconds"] <= 1))  # fmt: skip
 
 
 if __name__ == "__main__":

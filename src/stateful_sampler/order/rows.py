@@ -10,8 +10,10 @@ windows (``windows.py``):
 - ``split=False`` (fine-tuning, ``pack``; token-budget batches): each window's records are packed
   whole by best-fit decreasing (``packing.py``), and the window's bins, in an order drawn from
   (seed, pass, window), are its rows. A window's row count is known only once it is packed, so the
-  pass's row count is a walk over all its windows: paid once per pass (a few microseconds per
-  record), or read from a saved state, which carries it.
+  pass's row count is a sum over all its windows: paid once per pass, counted for every window at once
+  in NumPy (``packing.bin_counts``, tens of nanoseconds a record instead of microseconds for packing
+  each window), or read from a saved state, which carries it. A window's rows themselves are packed
+  when the window is read, O(window).
 
 The sampler strides through rows exactly as through records, so tails, ranks, elastic resume and
 keys are the sampler's. A saved state adds an *anchor*: the window of the saved row and where that
@@ -26,12 +28,13 @@ from typing import Any
 import numpy as np
 
 from stateful_sampler.order.lengths import lengths_digest
-from stateful_sampler.order.packing import pack_window
+from stateful_sampler.order.packing import bin_counts, pack_window
 from stateful_sampler.order.strategy import PassOrder, Strategy, check_length
 from stateful_sampler.order.windows import PassWindows, WindowCache, WindowStarts
 
 Slice = tuple[int, int, int]  # (record, start, stop): tokens [start, stop) of the record
 _KEPT_PASSES = 3  # carry reads across one pass boundary; a state probe may ask for the previous pass
+_COUNTED_AT_ONCE = 1 << 23  # records whose windows' rows are counted together: ~100 MB of temporaries
 
 
 class RowOrder(Strategy):
@@ -115,7 +118,9 @@ class PassRows:
             self.starts.remember(self._windows.count, order.tokens)
         else:
             self._built = WindowCache(self._packed_window)
-            self.starts = WindowStarts(self._windows.count, lambda index: len(self._built(index)))
+            self.starts = WindowStarts(
+                self._windows.count, lambda index: len(self._built(index)), self._rows_of_every_window
+            )
 
     def count(self) -> int:
         """Rows in the pass."""
@@ -175,6 +180,27 @@ class PassRows:
         records = self._windows.records(index)
         ends = np.cumsum(self._order.lengths[records], dtype=np.int64)
         return records.tolist(), ends, ends.tolist()
+
+    def _rows_of_every_window(self) -> np.ndarray:
+        """Each window's row count, the windows' lengths counted many windows at a time (``bin_counts``):
+        exactly ``len(self._packed_window(index))`` for every index."""
+        order, windows = self._order, self._windows
+        counts = np.empty(windows.count, dtype=np.int64)
+        full = windows.size // windows.window  # windows of ``window`` records; the last may be shorter
+        per_batch = max(1, _COUNTED_AT_ONCE // windows.window)
+        for first in range(0, windows.count, per_batch):
+            last = min(first + per_batch, windows.count)
+            lengths = windows.lengths_between(order.lengths, first, last)
+            if order.truncate:
+                lengths = np.minimum(lengths, order.capacity)
+            whole = min(last, full) - first
+            cut = whole * windows.window
+            counts[first : first + whole] = bin_counts(
+                lengths[:cut].reshape(whole, windows.window), order.capacity, padded=order.padded
+            )
+            if cut < len(lengths):
+                counts[last - 1] = bin_counts(lengths[None, cut:], order.capacity, padded=order.padded)[0]
+        return counts
 
     def _packed_window(self, index: int) -> list[np.ndarray]:
         order = self._order

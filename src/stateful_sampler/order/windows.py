@@ -7,8 +7,10 @@ concatenated), so where window k's units start is a prefix sum over the windows 
 
 ``WindowStarts`` keeps the starts it knows (window 0 starts at 0; a resume brings the start of the
 window it resumes in, from the state) and walks forward from the nearest known one, remembering every
-start it passes. Reading a pass in order, or resuming in it, costs O(window) per window; a question
-about a window before every known start walks from the pass's beginning, O(N) once per pass.
+start it passes. Reading a pass in order, or resuming in it, costs O(window) per window. The pass's
+total, or a unit more than a few windows past every known start, takes every window's units at once
+from ``measure_all`` when the order has one (whole-record packing counts a pass's rows in NumPy,
+``packing.bin_counts``): O(N) once per pass, but at a small fraction of a walk's cost.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from stateful_sampler.order.mixing import Domain, derive_seed
 from stateful_sampler.order.permutation import FeistelPermutation
 
 _TAG = 0x5041434B  # "PACK": this module's seeds
+_SHUFFLE_BLOCK = 1 << 14  # positions shuffled at once: the Feistel rounds' arrays stay in the L2 cache
+_WALK = 4  # windows walked one by one before a question far ahead takes every window's units at once
 T = TypeVar("T")
 
 
@@ -41,6 +45,17 @@ class PassWindows:
         """Window ``index``'s records, in shuffled order."""
         start = index * self.window
         return self._shuffle(np.arange(start, min(start + self.window, self.size), dtype=np.int64))
+
+    def lengths_between(self, lengths: np.ndarray, first: int, last: int) -> np.ndarray:
+        """``lengths`` of the records of windows [first, last), one window after the other, in shuffled order;
+        shuffled a block of positions at a time, so the cipher's scratch stays in the cache and no array of
+        the records is held (the lengths keep the user's dtype: int32 lengths stay 4 bytes a record)."""
+        start, stop = first * self.window, min(last * self.window, self.size)
+        out = np.empty(stop - start, dtype=lengths.dtype)
+        for at in range(start, stop, _SHUFFLE_BLOCK):
+            end = min(at + _SHUFFLE_BLOCK, stop)
+            out[at - start : end - start] = lengths[self._shuffle(np.arange(at, end, dtype=np.int64))]
+        return out
 
     def rng(self, index: int) -> np.random.Generator:
         """Randomness of window ``index`` only (the order of its bins), pure in (seed, pass, window)."""
@@ -69,12 +84,16 @@ class WindowCache(Generic[T]):
 class WindowStarts:
     """Where each window's units start, learnt by walking forward from known starts."""
 
-    def __init__(self, count: int, measure: Callable[[int], int]) -> None:
+    def __init__(
+        self, count: int, measure: Callable[[int], int], measure_all: Callable[[], np.ndarray] | None = None
+    ) -> None:
         self.count = count
         self._measure = measure
+        self._measure_all = measure_all
         self._windows = [0]  # ascending window indices with a known start...
         self._starts = [0]  # ...and their starts (ascending too)
         self._total: int | None = None
+        self._every: np.ndarray | None = None  # every window's start, then the total, once measure_all ran
 
     def remember(self, index: int, start: int) -> None:
         """A start known from elsewhere (a saved state); ``index`` may be ``count`` (the total)."""
@@ -88,7 +107,10 @@ class WindowStarts:
         self._starts.insert(at, start)
 
     def total(self) -> int:
-        """Units in the whole pass: a walk over every window after the last known start."""
+        """Units in the whole pass: every window's units at once, or a walk over the windows after the last
+        known start."""
+        if self._total is None and self._measure_all is not None:
+            self._measure_every_window()
         if self._total is None:
             index, start = self._windows[-1], self._starts[-1]
             while index < self.count:
@@ -104,11 +126,21 @@ class WindowStarts:
 
     def locate(self, unit: int) -> tuple[int, int]:
         """The window holding ``unit`` and that window's start."""
+        if self._every is not None:
+            index = int(np.searchsorted(self._every, unit, side="right")) - 1
+            if index >= self.count:
+                raise IndexError(f"unit {unit} lies beyond the pass's {self._total} units")
+            return index, int(self._every[index])
         at = bisect_right(self._starts, unit) - 1
         index, start = self._windows[at], self._starts[at]
+        walked = 0
         while True:
             if index >= self.count:
                 raise IndexError(f"unit {unit} lies beyond the pass's {start} units")
+            if walked == _WALK and self._measure_all is not None:
+                self._measure_every_window()
+                return self.locate(unit)
+            walked += 1
             following = start + self._measure(index)
             if unit < following:
                 return index, start
@@ -117,3 +149,8 @@ class WindowStarts:
                 self.remember(index, start)
             else:
                 self._total = start
+
+    def _measure_every_window(self) -> None:
+        units = np.asarray(self._measure_all(), dtype=np.int64)  # type: ignore[misc]
+        every = np.concatenate(([0], np.cumsum(units)))
+        self._every, self._total = every, int(every[-1])
