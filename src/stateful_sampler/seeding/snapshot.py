@@ -23,6 +23,14 @@ restores.
 These RNGs belong to the process, so each rank (and each process) saves and restores its own: under DCP,
 store the dict under a per-rank key, since DCP keeps one copy of a key it believes replicated.
 
+``capture_rank_rng_states`` / ``rank_rng_restorer`` keep them by rank, for a checkpoint that one rank writes
+for all (``ResumableLoader``, the Fabric plug-in)::
+
+    {"world_size": 2, "ranks": {"0": <capture_rng_states()>, "1": ...}}
+
+Each rank restores its own, at the world size they were saved at only: at another one no uninterrupted run
+had these ranks' randomness, so the data resumes and the RNGs are left as they are (with a warning).
+
 Example::
 
     states = capture_rng_states()
@@ -35,6 +43,7 @@ from __future__ import annotations
 import base64
 import binascii
 import random
+import warnings
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +51,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from stateful_sampler.errors import IncompatibleStateError
 
@@ -85,6 +95,79 @@ def rng_restorer(states: Mapping[str, Any]) -> Callable[[], None]:
     rest of a checkpoint before it changes anything (``ResumableLoader.load_state_dict``)."""
     checked = _Checked.of(states)
     return checked.apply
+
+
+def capture_rank_rng_states(*, every_rank: bool = False) -> dict[str, Any]:
+    """This process's RNG states under its rank in the process group (rank 0 of 1 without one).
+
+    ``every_rank=True`` gathers every rank's to rank 0, whose dict then holds them all (another rank's holds
+    its own): a collective, so every rank must call it, as ``fabric.save`` does; called on one rank only it
+    would wait for the others. Without it nothing is exchanged, so a call on rank 0 alone never blocks.
+    """
+    rank, world_size = _process_rank()
+    own = capture_rng_states()
+    ranks = {str(rank): own}
+    if every_rank and world_size > 1:
+        gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+        dist.gather_object(own, gathered, dst=0)
+        if gathered is not None:
+            ranks = {str(r): states for r, states in enumerate(gathered)}
+    return {"world_size": world_size, "ranks": ranks}
+
+
+def rank_rng_restorer(saved: Any) -> Callable[[], None] | None:
+    """Validate this process's RNG states in a ``capture_rank_rng_states`` dict now; the call that puts them
+    back, or ``None`` (with a warning, once) where it holds none for this rank at this world size."""
+    world_size, ranks = check_rank_rng_states(saved)
+    rank, current = _process_rank()
+    if world_size != current:
+        _warn_once(
+            f"RNG states saved at world size {world_size} are not restored at world size {current}: the data "
+            f"resumes exactly, the process's RNGs (dropout, ...) go on from their own state, since no uninterrupted "
+            f"run had these ranks' randomness"
+        )
+        return None
+    if str(rank) not in ranks:
+        saved_ranks = ", ".join(sorted(ranks, key=int)) or "none"
+        _warn_once(
+            f"the state holds no RNG states for rank {rank} (ranks saved: {saved_ranks}), so only the data resumes "
+            f"exactly on this rank: take the state with state_dict(every_rank=True) on every rank (a collective), "
+            f"which gives rank 0's copy every rank's RNG states"
+        )
+        return None
+    return rng_restorer(ranks[str(rank)])
+
+
+def check_rank_rng_states(saved: Any) -> tuple[int, dict[str, Any]]:
+    """The world size and the snapshots by rank of a ``capture_rank_rng_states`` dict, its shape checked."""
+    if not isinstance(saved, Mapping) or set(saved) != {"world_size", "ranks"}:
+        raise IncompatibleStateError("rng_states", _shape(saved), "{'world_size': W, 'ranks': {'0': ..., ...}}")
+    world_size, ranks = saved["world_size"], saved["ranks"]
+    if type(world_size) is not int or world_size < 1:
+        raise IncompatibleStateError("rng_states.world_size", world_size, "an int of at least 1")
+    if not isinstance(ranks, Mapping):
+        raise IncompatibleStateError("rng_states.ranks", type(ranks).__name__, "a dict of snapshots by rank")
+    for key, states in ranks.items():
+        if not isinstance(key, str) or not key.isdigit() or int(key) >= world_size or str(int(key)) != key:
+            raise IncompatibleStateError("rng_states.ranks", key, f"ranks '0' to '{world_size - 1}'")
+        if not isinstance(states, Mapping):
+            raise IncompatibleStateError(f"rng_states.ranks[{key!r}]", type(states).__name__, "a snapshot dict")
+    return world_size, dict(ranks)
+
+
+def _process_rank() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _shape(value: Any) -> Any:
+    return sorted(value) if isinstance(value, Mapping) else type(value).__name__
+
+
+def _warn_once(message: str) -> None:
+    """Python's default filter shows a warning once per place and text, however many loads there are."""
+    warnings.warn(message, UserWarning, stacklevel=4)
 
 
 @dataclass(frozen=True)
