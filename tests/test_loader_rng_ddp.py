@@ -89,7 +89,9 @@ def test_the_one_file_resumes_every_rank_bitwise_after_sigkill(uninterrupted: Pa
         before, after = steps(killed, "before", rank), steps(killed, "after", rank)
         assert [step["step"] for step in before] == list(range(1, 9)) and after[0]["step"] == 7
         assert before[:6] + after == reference  # record ids, loss and outputs bitwise, step by step
-        assert (killed / f"after_rank{rank}.weights").read_text() == (uninterrupted / f"run_rank{rank}.weights").read_text()
+        assert (killed / f"after_rank{rank}.weights").read_text() == (
+            uninterrupted / f"run_rank{rank}.weights"
+        ).read_text()
     masks = [[step["output"] for step in steps(uninterrupted, "run", rank)] for rank in range(2)]
     assert masks[0] != masks[1]  # the ranks' dropout differs: rank 0's RNG would not do for rank 1
 
