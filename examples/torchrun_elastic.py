@@ -15,7 +15,8 @@ wrote it, and carries on with the rest of the epoch, each record once.
         --rdzv-endpoint HOST:29400 --rdzv-id job1 examples/torchrun_elastic.py --root /shared/runs/elastic
 
 The checkpoint is one file that rank 0 writes: the model, the optimizer and the ``ResumableLoader``
-state, which is the same on every rank (a global position) and loads at any world size.
+state, taken on every rank with ``state_dict(every_rank=True)``: a global position, which loads at any
+world size, and every rank's RNG states, which each rank gets back at the same world size.
 """
 
 from __future__ import annotations
@@ -89,9 +90,11 @@ def train(root: Path, epochs: int, every: int, on_step: StepHook | None = None) 
             loss.backward()  # DDP's all-reduce: a dead peer fails it here, and torchrun restarts the group
             optimizer.step()
             step += 1
-            if step % every == 0 and rank == 0:
-                state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
-                save(checkpoint, {**state, "loader": loader.state_dict(), "step": step})
+            if step % every == 0:
+                loader_state = loader.state_dict(every_rank=True)  # on every rank: each rank's RNG into rank 0's
+                if rank == 0:
+                    state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
+                    save(checkpoint, {**state, "loader": loader_state, "step": step})
             if on_step is not None:
                 ids = keys.index[~keys.is_padding].tolist()
                 on_step({"restart": restart, "world_size": world_size, "rank": rank, "step": step,

@@ -262,3 +262,33 @@ def test_an_epoch_past_the_limit_is_refused_at_set_epoch() -> None:
     ):
         stream.set_epoch(2**64)
     assert stream.epoch == 0
+
+
+# -- 8. a dataset that wraps the stream (issue 25, item 3)
+
+
+class Wrap(torch.utils.data.IterableDataset):
+    """A user's dataset around the stream: the DataLoader batches its records, not the stream."""
+
+    def __init__(self, stream: ShardedStream, as_generator: bool) -> None:
+        self.dataset, self.as_generator = stream, as_generator
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        if self.as_generator:
+            return (record for record in self.dataset)
+        return iter(self.dataset)
+
+
+@pytest.mark.parametrize("as_generator", [False, True], ids=["iter", "generator"])
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_a_dataset_wrapping_the_stream_is_refused_at_0_workers_as_with_workers(
+    workers: int, as_generator: bool
+) -> None:
+    """At 0 workers the wrapper once hid the stream: batches of 5 went through while a state counted the
+    stream's batches of 4, and a resume after 3 batches repeated 3 records."""
+    stream = make_stream([6, 6], batch_size=4)
+    with pytest.raises(StreamSetupError, match=r"a DataLoader\(stream, \.\.\.\) of its own does not tell the stream"):
+        next(iter(DataLoader(Wrap(stream, as_generator), batch_size=5, num_workers=workers)))
+    with pytest.raises(StreamSetupError, match=r"found no DataLoader over this ShardedStream in DataLoader"):
+        next(iter(ResumableLoader(DataLoader(Wrap(stream, as_generator), batch_size=4, num_workers=workers))))
+    assert sizes([ids(stream.loader(num_workers=workers))]) == [12]  # the stream itself still loads

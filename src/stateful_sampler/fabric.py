@@ -8,10 +8,8 @@ loader keeps that count equal to the sampler's epoch, so a restored epoch is not
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from stateful_sampler.extras import missing_extra
@@ -34,7 +32,7 @@ def setup_dataloader(
     ``rng_states`` (default on: ``fabric.save`` does not save them) puts every process's RNG states (torch CPU
     and CUDA, NumPy, ``random``) in the loader's state, and ``fabric.load`` gives each process its own back, so
     a model with dropout resumes bitwise. Load the loader after anything else that draws from them. At another
-    world size they are not restored (no uninterrupted run has those ranks' randomness).
+    world size they are not restored (no uninterrupted run has those ranks' randomness; a warning says so).
 
     Example::
 
@@ -64,25 +62,9 @@ def setup_dataloader(
 
 
 class _FabricLoader(ResumableLoader):
-    """Under several processes ``fabric.save`` writes rank 0's state only, so the state carries every
-    rank's RNG states (gathered at the save, which Fabric runs on every rank) and each rank loads its own."""
+    """Under several processes ``fabric.save`` writes rank 0's state only, and asks every rank for it: the
+    state gathers every rank's RNG states (``ResumableLoader.state_dict(every_rank=True)``), and on load
+    each rank takes its own, as any ``ResumableLoader`` does."""
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        if state.get("rng_states") is not None and dist.is_available() and dist.is_initialized():
-            every: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(every, state["rng_states"])
-            state["rng_states"] = {_EVERY_RANK: every}
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        saved = state.get("rng_states") if isinstance(state, Mapping) else None
-        if isinstance(saved, Mapping) and _EVERY_RANK in saved:
-            ranks = saved[_EVERY_RANK]
-            world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-            rank = dist.get_rank() if world > 1 else 0
-            state = {**state, "rng_states": ranks[rank] if len(ranks) == world else None}
-        super().load_state_dict(state)
-
-
-_EVERY_RANK = "every_rank"
+    def state_dict(self, *, every_rank: bool = True) -> dict[str, Any]:
+        return super().state_dict(every_rank=every_rank)

@@ -6,8 +6,10 @@ loop and saving ``sampler.state_dict(consumed_batches=k)`` is exact whatever pre
 as ``state_dict`` / ``load_state_dict`` lets ``fabric.save``, ``torch.distributed.checkpoint`` and
 ``accelerator.save_state`` carry it without code of their own.
 
-The state is the same on every rank of a run in step (the sampler's position is a global one), so
-frameworks that write rank 0's copy only (Fabric, Accelerate) resume every rank from it.
+The position is the same on every rank of a run in step (the sampler's position is a global one). The RNG
+states saved with it are each process's own, kept by rank: ``state_dict(every_rank=True)``, a collective,
+gives rank 0's copy every rank's, so one file written by rank 0 resumes every rank exactly (Fabric's
+plug-in takes it so); at another world size the position alone is restored.
 """
 
 from __future__ import annotations
@@ -25,13 +27,19 @@ from stateful_sampler.order.layout import MAX_BATCH
 from stateful_sampler.plugins import load_plugins
 from stateful_sampler.resumable import WRAPPED_LOADERS, DatasetOrder, dataloaders_under, loader_batches
 from stateful_sampler.sampler import StatefulSampler, set_consumed_source
-from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
+from stateful_sampler.seeding.snapshot import capture_rank_rng_states, check_rank_rng_states, rank_rng_restorer
 
-# 2 added ``rng_states``: the process's RNG states at the save (``None`` when not captured), kept
-# apart from the sampler's few hundred bytes. Version 1 states (release 0.1.0) still load.
-LOADER_STATE_VERSION = 2
-_READABLE_LOADER_VERSIONS = (1, 2)
-_LOADER_FIELDS = {1: {"version", "sampler"}, 2: {"version", "sampler", "rng_states"}}
+# 2 added ``rng_states``: the process's RNG states at the save (``None`` when not captured), kept apart from
+# the sampler's few hundred bytes. 3 keeps them by rank (``capture_rank_rng_states``). Version 1 (release
+# 0.1.0) and 2 (0.2.0) states still load.
+LOADER_STATE_VERSION = 3
+_READABLE_LOADER_VERSIONS = (1, 2, 3)
+_LOADER_FIELDS = {
+    1: {"version", "sampler"},
+    2: {"version", "sampler", "rng_states"},
+    3: {"version", "sampler", "rng_states"},
+}
+_FABRIC_0_2_RANKS = "every_rank"  # release 0.2.0's Fabric plug-in: {"every_rank": [rank 0's, rank 1's, ...]}
 _SAMPLER_STATE_MARKERS = ("size", "seed", "epoch", "position")
 
 # Where frameworks keep the loader or sampler they wrap: torch's DataLoader and BatchSampler,
@@ -68,7 +76,7 @@ def add_state_hook(hook: StateHook) -> Callable[[], None]:
 @dataclass(frozen=True)
 class LoaderState:
     """What ``ResumableLoader.state_dict`` saves: the sampler's state at the consumed position, and the
-    process's RNG states (``seeding.snapshot``) when the loader captures them."""
+    processes' RNG states by rank (``seeding.snapshot.capture_rank_rng_states``) when the loader captures them."""
 
     version: int
     sampler: dict[str, Any]
@@ -99,9 +107,26 @@ class LoaderState:
         if not isinstance(sampler, Mapping):
             raise IncompatibleStateError("sampler", sampler, "a dict from StatefulSampler.state_dict()")
         rng_states = data.get("rng_states")
-        if rng_states is not None and not isinstance(rng_states, Mapping):
-            raise IncompatibleStateError("rng_states", type(rng_states).__name__, "None or a capture_rng_states() dict")
-        return cls(LOADER_STATE_VERSION, dict(sampler), None if rng_states is None else dict(rng_states))
+        if rng_states is None:
+            return cls(LOADER_STATE_VERSION, dict(sampler))
+        if version == 2:
+            rng_states = _by_rank(rng_states, sampler)
+        check_rank_rng_states(rng_states)
+        return cls(LOADER_STATE_VERSION, dict(sampler), dict(rng_states))
+
+
+def _by_rank(rng_states: Any, sampler: Mapping[str, Any]) -> dict[str, Any]:
+    """A 0.2.0 state's RNG states by rank: the Fabric plug-in's list, or one process's snapshot, which names
+    no rank: it is rank 0's when the run had one rank, and at more the data alone resumes (with a warning)."""
+    if not isinstance(rng_states, Mapping):
+        raise IncompatibleStateError("rng_states", type(rng_states).__name__, "None or a capture_rng_states() dict")
+    if set(rng_states) == {_FABRIC_0_2_RANKS} and isinstance(rng_states[_FABRIC_0_2_RANKS], list):
+        every = rng_states[_FABRIC_0_2_RANKS]
+        return {"world_size": max(len(every), 1), "ranks": {str(rank): states for rank, states in enumerate(every)}}
+    world_size = sampler.get("world_size")
+    if type(world_size) is not int or world_size < 1:
+        raise IncompatibleStateError("sampler.world_size", world_size, "an int of at least 1")
+    return {"world_size": world_size, "ranks": {"0": dict(rng_states)} if world_size == 1 else {}}
 
 
 @dataclass
@@ -128,10 +153,11 @@ class ResumableLoader:
         batches_per_epoch: cap each epoch at this many batches (per rank), as Lightning's
             ``limit_train_batches`` does: a pass stops there and the epoch counts as ended (the next
             pass is the next epoch), so a state saved anywhere resumes exactly. ``None``: whole epochs.
-        rng_states: save the process's RNG states (torch CPU and CUDA, NumPy, ``random``) with the data
-            and restore them on load, so that dropout resumes bitwise (default ``True``). They are
-            this process's own: under a framework that saves rank 0's copy of the loader state for
-            every rank, pass ``False`` and let the framework restore RNGs.
+        rng_states: save the process's RNG states (torch CPU and CUDA, NumPy, ``random``) with the data,
+            under its rank, and restore each rank's own on load, so that dropout resumes bitwise (default
+            ``True``). For one file written by rank 0, take the state with ``state_dict(every_rank=True)``
+            on every rank. At another world size the RNGs are not restored (a warning says so). Under a
+            framework that restores RNGs itself (Accelerate), pass ``False``.
 
     Iteration (docs/core.md, "Epoch ends and early exits"): each ``iter()`` is a pass over the rest
     of the current epoch, continuing from what the loop consumed; ``set_epoch`` and ``iter()`` start a
@@ -313,28 +339,41 @@ class ResumableLoader:
 
     # -- state
 
-    def state_dict(self) -> dict[str, Any]:
-        """The state after the batches the loop consumed, with the process's RNG states (``rng_states``)."""
+    def state_dict(self, *, every_rank: bool = False) -> dict[str, Any]:
+        """The state after the batches the loop consumed, with this process's RNG states (``rng_states``).
+
+        ``every_rank=True`` gathers every rank's RNG states into rank 0's state, the one file that resumes
+        every rank exactly: a collective, so call it on every rank, then let rank 0 save it. Without it,
+        nothing is exchanged (a call on rank 0 alone never waits), and the state holds this rank's only.
+
+        Example::
+
+            state = loader.state_dict(every_rank=True)   # on every rank
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "loader": state}, path)
+        """
         current = self._pass
         sampler_state = self.sampler.state_dict() if current is None else self._sampler_state(current)
         for hook in tuple(_state_hooks):
             hook(self, current.consumed if current is not None else 0)
-        rng = capture_rng_states() if self.rng_states else None
+        rng = capture_rank_rng_states(every_rank=check_bool("every_rank", every_rank)) if self.rng_states else None
         return LoaderState(LOADER_STATE_VERSION, sampler_state, rng).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a saved state in O(1); the next pass starts at the saved consumed position.
-        The RNG states saved with it are restored too (unless ``rng_states=False``): load it last,
-        just before the loop, after the model is built."""
+        This rank's RNG states saved with it are restored too (unless ``rng_states=False``), at the world
+        size they were saved at: load it last, just before the loop, after the model is built. Everything
+        is checked before anything changes."""
         saved = LoaderState.from_dict(state)
+        restore_rngs = rank_rng_restorer(saved.rng_states) if saved.rng_states is not None and self.rng_states else None
         pending = self._pass if self._pass is not None and not self._pass.started else None
         self.sampler.load_state_dict(saved.sampler)
         if pending is None:
             self._pass = self._token = None
         else:  # an iterator made before the load and not yet started begins at the loaded position
             pending.epoch, pending.batches = self.sampler.epoch, self._next_pass_batches()
-        if saved.rng_states is not None and self.rng_states:
-            restore_rng_states(saved.rng_states)
+        if restore_rngs is not None:
+            restore_rngs()
 
 
 def _records_per_batch(loader: Any, sampler: StatefulSampler) -> int:

@@ -130,8 +130,8 @@ def test_a_wrapper_that_shards_an_already_sharded_sampler_is_refused() -> None:
     ("state", "message"),
     [
         ([], r"state field 'loader state': saved 'list'"),
-        ({"version": 3, "sampler": {}}, r"state field 'version': saved 3, expected 2: unknown loader state version"),
-        ({"sampler": {}}, r"state field 'version': saved '<missing>', expected 2"),
+        ({"version": 4, "sampler": {}}, r"state field 'version': saved 4, expected 3: unknown loader state version"),
+        ({"sampler": {}}, r"state field 'version': saved '<missing>', expected 3"),
         ({"version": 1, "sampler": {}, "step": 3}, r"state field 'step': saved 3, expected '<absent>'"),
         ({"version": 1, "sampler": 5}, r"state field 'sampler': saved 5, expected 'a dict from StatefulSampler"),
     ],

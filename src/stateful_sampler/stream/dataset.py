@@ -48,12 +48,15 @@ class _Cursor:
     position: int
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Pass:
-    """A pass begun: the epoch it draws and the position it started from."""
+    """A pass begun: the epoch it draws, the position it started from and, for a pass iterated directly
+    in this process, the records it has handed out (``None`` for a loader's pass, whose workers and
+    fetcher run ahead of the loop)."""
 
     epoch: int
     origin: int
+    handed_out: int | None = None
 
 
 _NOTHING = object()
@@ -178,10 +181,16 @@ class ShardedStream(IterableDataset):
         return _Cursor(self._pass.epoch + 1, 0)
 
     def _current(self) -> _Cursor:
-        """The pass under way (begun, not ended), else the one a new pass would draw."""
-        if self._pass is not None and not self._pass_ended:
-            return _Cursor(self._pass.epoch, self._pass.origin)
-        return self._upcoming()
+        """The pass under way (begun, not ended), else the one a new pass would draw. A pass iterated
+        directly is where it has got to, as a stream restored from ``state_dict()`` now would be: its
+        records are handed out by this process, so nothing runs ahead of the loop (as for a
+        ``StatefulSampler`` without workers)."""
+        current = self._pass
+        if current is None or self._pass_ended:
+            return self._upcoming()
+        if current.handed_out is None:
+            return _Cursor(current.epoch, current.origin)
+        return _Cursor(current.epoch, self._layout(current.origin).position_after(current.handed_out))
 
     @property
     def epoch(self) -> int:
@@ -190,7 +199,8 @@ class ShardedStream(IterableDataset):
 
     @property
     def position(self) -> int:
-        """The epoch position the pass under way started from, else the next pass starts from."""
+        """The epoch position the pass under way started from (for a pass iterated directly, the one it
+        has got to), else the next pass starts from."""
         return self._current().position
 
     def set_epoch(self, epoch: int) -> None:
@@ -232,8 +242,9 @@ class ShardedStream(IterableDataset):
 
     def pass_length(self) -> int:
         """This rank's records in the pass under way, counted from its start, else in the next pass (what
-        ``StatefulSampler.pass_length`` gives Lightning's epoch-length bookkeeping): ``remaining_length``,
-        since a stream's pass under way reports the position it started from."""
+        ``StatefulSampler.pass_length`` gives Lightning's epoch-length bookkeeping)."""
+        if self._pass is not None and not self._pass_ended:
+            return self._layout(self._pass.origin).local_length
         return self.remaining_length()
 
     def _settle_pass(self) -> None:
@@ -283,8 +294,11 @@ class ShardedStream(IterableDataset):
         if self._pass is begun:
             self._pass_ended = True
 
-    def _until_end(self, begun: _Pass, iterator: Iterator[Any]) -> Iterator[Any]:
-        yield from iterator
+    def _handing_out(self, begun: _Pass, records: Iterator[Any]) -> Iterator[Any]:
+        """A pass iterated directly: each record is counted as the loop takes it, so the stream's state
+        is known at every point of the pass (``state_dict()`` needs no count, and a count is checked)."""
+        for begun.handed_out, record in enumerate(records, 1):
+            yield record
         if self._pass is begun:
             self._pass_ended = True
 
@@ -326,22 +340,23 @@ class ShardedStream(IterableDataset):
     # -- iteration
 
     def __iter__(self) -> Iterator[Any]:
+        """In a ``DataLoader`` (a worker, or its fetcher at 0 workers, also under a dataset that wraps the
+        stream): the records of the pass a loader began. Iterated directly: a pass of its own, begun here
+        (not at the first record), whose state follows each record the loop takes."""
         refuse_resharding(self, sys._getframe(1))  # before a worker's own refusal: it would name the wrong fix
         info = get_worker_info()
-        if info is not None or _called_by_a_fetcher():
+        if info is not None or _inside_a_fetcher():
             if not self._driving:
                 raise StreamSetupError(
                     "a DataLoader(stream, ...) of its own does not tell the stream when a pass begins or ends, and "
                     "its batch_size, drop_last and persistent_workers may deliver other records than the state "
                     "counts: build it with stream.loader(num_workers=..., ...), or iterate it through ResumableLoader"
                 )
-            start = self._current()
-        else:
-            begun = self._begin_pass()  # iterated directly, in this process
-            start = _Cursor(begun.epoch, begun.origin)
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        records = self._iter_pass(start, worker, workers)
-        return records if info is not None or self._driving else self._until_end(self._pass, records)  # type: ignore[arg-type]
+            worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+            return self._iter_pass(self._current(), worker, workers)
+        begun = self._begin_pass()
+        begun.handed_out = 0
+        return self._handing_out(begun, self._iter_pass(_Cursor(begun.epoch, begun.origin), 0, 1))
 
     def iter_worker(self, worker: int, workers: int) -> Iterator[Any]:
         """What DataLoader worker ``worker`` of ``workers`` yields in the pass under way, else the next pass:
@@ -489,19 +504,23 @@ class ShardedStream(IterableDataset):
         that epoch, then the next one, as a loop's last batch does.
 
         Without ``consumed_batches``: before any pass, the position the next pass starts from; after
-        the loop took a pass to its end, the next epoch's start. Refused while a pass is under way,
-        where only the loop knows how far it got.
+        the loop took a pass to its end, the next epoch's start; inside a pass iterated directly
+        (``for record in stream``), the position after the records the loop took. Refused while a
+        loader's pass is under way, where only the loop knows how far it got. Inside a pass iterated
+        directly the stream knows it: a count of more records than it handed out is refused, and so is a
+        count once that pass has ended (the live stream has moved on; the count would resume inside it).
         """
+        current = self._pass
         if consumed_batches is None:
-            if self._pass is None or self._pass_ended:
-                upcoming = self._upcoming()
-                return self._state(upcoming.epoch, upcoming.position).to_dict()
+            if current is None or self._pass_ended or current.handed_out is not None:
+                now = self._current()
+                return self._state(now.epoch, now.position).to_dict()
             raise ValueError(
-                f"consumed_batches: a pass of epoch {self._pass.epoch} is under way and its workers prefetch: "
+                f"consumed_batches: a pass of epoch {current.epoch} is under way and its workers prefetch: "
                 f"pass state_dict(consumed_batches=k) with the batches the loop consumed"
             )
         consumed = check_int("consumed_batches", consumed_batches)
-        start = self._next if self._pass is None else _Cursor(self._pass.epoch, self._pass.origin)
+        start = self._next if current is None else _Cursor(current.epoch, current.origin)
         layout = self._layout(start.position)
         batches = -(-layout.local_length // self.batch_size)
         if consumed > batches:
@@ -509,7 +528,22 @@ class ShardedStream(IterableDataset):
                 f"consumed_batches must be at most {batches}, the batches of this pass of epoch {start.epoch} "
                 f"(from position {start.position}), got {consumed}"
             )
-        return self._state(start.epoch, layout.position_after(consumed * self.batch_size)).to_dict()
+        records = min(consumed * self.batch_size, layout.local_length)
+        if current is not None and current.handed_out is not None and self._pass_ended:
+            raise ValueError(
+                f"consumed_batches={consumed}: this pass of epoch {start.epoch} is iterated directly and has ended (the "
+                f"loop, or a helper that batches its records, asked past its last record), so the stream has moved on "
+                f"to epoch {start.epoch + 1}: call state_dict(), which saves that epoch's start, or iterate through "
+                f"stream.loader() or ResumableLoader, which tell a state inside the loop from one after it"
+            )
+        if current is not None and current.handed_out is not None and records > current.handed_out:
+            raise ValueError(
+                f"consumed_batches={consumed} counts {records} records of this pass of epoch {start.epoch}, but it "
+                f"is iterated directly and has handed out {current.handed_out}: the state would skip records the "
+                f"loop never took. Count the batches of {self.batch_size} records the loop took, or call "
+                f"state_dict(), which knows"
+            )
+        return self._state(start.epoch, layout.position_after(records)).to_dict()
 
     def _state(self, epoch: int, position: int) -> StreamState:
         return StreamState(
@@ -616,10 +650,16 @@ def _chunks(length: int, batch_size: int) -> Iterator[tuple[int, int]]:
         begin, size = begin + size, min(2 * size, max(batch_size, _CHUNK_RECORDS))
 
 
-def _called_by_a_fetcher() -> bool:
-    """``iter(stream)`` from a DataLoader's dataset fetcher (torch's or torchdata's), not a direct loop."""
-    try:
-        caller = sys._getframe(2).f_locals.get("self")
-    except ValueError:  # iter() called from no Python frame at all
-        return False
-    return type(caller).__name__.endswith("IterableDatasetFetcher")
+def _inside_a_fetcher() -> bool:
+    """``iter(stream)`` under a DataLoader's dataset fetcher (torch's or torchdata's), not a direct loop:
+    called by the fetcher, or by a dataset of the user's that wraps the stream and that the fetcher iterates
+    (its batch size would not be the stream's, and the state would count the stream's batches)."""
+    frame = sys._getframe(1).f_back
+    while frame is not None:
+        code = frame.f_code
+        if code.co_argcount and code.co_varnames[0] == "self":
+            caller = frame.f_locals.get("self")
+            if type(caller).__name__.endswith("IterableDatasetFetcher"):
+                return True
+        frame = frame.f_back
+    return False
