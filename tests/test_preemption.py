@@ -266,23 +266,23 @@ def uninterrupted_batches() -> list[list[int]]:
     return batches
 
 
-RANDOM_STEP = random.Random().randrange(1, STEPS + 1)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("check", "step", "number", "group"),
     [
-        ("steps", RANDOM_STEP, signal.SIGUSR1, False),
-        ("steps", RANDOM_STEP, signal.SIGTERM, True),  # to the process group: the workers get it too
+        ("steps", None, signal.SIGUSR1, False),
+        ("steps", None, signal.SIGUSR1, True),  # to the process group: the workers get it too
+        ("steps", None, signal.SIGTERM, False),
         ("steps", 10, signal.SIGUSR1, True),  # right after an epoch's last step
         ("steps", STEPS, signal.SIGTERM, False),  # after the run's last step: the resumed run trains nothing
-        ("bottom", RANDOM_STEP, signal.SIGUSR1, True),
+        ("bottom", None, signal.SIGUSR1, True),
     ],
 )
 def test_a_signalled_training_process_saves_at_the_boundary_requeues_and_resumes_exactly(
-    tmp_path: Path, check: str, step: int, number: signal.Signals, group: bool
+    tmp_path: Path, check: str, step: int | None, number: signal.Signals, group: bool
 ) -> None:
+    # None: a step drawn per run, inside the test (a draw at collection would differ between xdist's workers)
+    step = random.Random().randrange(1, STEPS + 1) if step is None else step
     first, events, code = run_preempted(tmp_path, check, step, number, group, exit_code=3)
     assert code == 3, (step, events)
     assert events[-1] == "requeue 4242" and "done" not in events
@@ -294,7 +294,7 @@ def test_a_signalled_training_process_saves_at_the_boundary_requeues_and_resumes
 
 @pytest.mark.slow
 def test_a_check_at_the_top_of_the_loop_body_loses_exactly_the_batch_it_was_handed(tmp_path: Path) -> None:
-    step = min(RANDOM_STEP, STEPS - 1)  # a batch must follow the signal to be handed out
+    step = random.Random().randrange(1, STEPS)  # a batch must follow the signal to be handed out
     first, events, code = run_preempted(tmp_path, "top", step, signal.SIGUSR1, False)
     assert code == REQUEUE_EXIT_CODE
     handed = json.loads(next(event for event in events if event.startswith("handed ")).partition(" ")[2])
