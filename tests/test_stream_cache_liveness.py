@@ -96,6 +96,8 @@ class Held:
 remote.open_shard = lambda *args: Held(opened(*args))
 copy = ShardCache(ParquetReader(), directory, max_bytes=1 << 20, prefetch=False).fetch(shard)
 print(ParquetReader().read(str(copy), 0, 20))
+sys.stdout.flush()
+os._exit(0)  # no interpreter teardown: a native thread pool sometimes aborts there (exit -6), after the result
 """
 
 _RESERVE = """
