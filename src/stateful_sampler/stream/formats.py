@@ -7,17 +7,37 @@ Kept apart from ``readers.py`` so each format module depends on a few small, pub
 from __future__ import annotations
 
 import hashlib
+import json
 import mmap
 import operator
 import os
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.stream.readers import ReadStats
 from stateful_sampler.stream.remote import is_url, open_shard
+
+T = TypeVar("T")
+
+
+def directory_index(
+    root: str, storage_options: Mapping[str, Any] | None, what: str, fields: Callable[[Any], T]
+) -> tuple[Callable[..., str], str, T]:
+    """The ``index.json`` of a directory of shards (MDS, LitData), by path or URL: the ``join`` that names
+    its shards, the index file's name, and ``fields(index)``. An index that does not parse, or lacks what
+    ``fields`` reads, is a ``ShardReadError`` naming the file and ``what`` it should be."""
+    join = posixpath.join if is_url(root) else os.path.join
+    index_file = join(root, "index.json")
+    try:
+        with open_shard(index_file, storage_options) as file:
+            return join, index_file, fields(json.loads(file.read()))
+    except ShardReadError:
+        raise
+    except (ValueError, KeyError, TypeError) as error:
+        raise ShardReadError(f"{index_file!r} is not {what}: {error}") from error
 
 
 def content_identity(

@@ -10,8 +10,6 @@ items; an item is the ``uint32`` sizes of its leaves, then each leaf's bytes, se
 from __future__ import annotations
 
 import json
-import os
-import posixpath
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,12 +24,13 @@ from stateful_sampler.stream.formats import (
     by_shard,
     content_identity,
     digest,
+    directory_index,
     entry_of,
     item_offsets,
     shard_bytes,
 )
 from stateful_sampler.stream.readers import ParquetSpan, ReadStats
-from stateful_sampler.stream.remote import is_url, open_shard, stored_identity
+from stateful_sampler.stream.remote import stored_identity
 
 _FOOTER_MAGIC = b"LDARW01\0"
 # litdata's _NUMPY_SCTYPES order (constants.py): a numpy leaf's dtype is its index in this list.
@@ -147,17 +146,11 @@ class LitDataReader:
     stats: ReadStats = field(default_factory=ReadStats)
 
     def __post_init__(self) -> None:
-        join = posixpath.join if is_url(self.root) else os.path.join
-        index_file = join(self.root, "index.json")
-        try:
-            with open_shard(index_file, self.storage_options) as file:
-                index = json.loads(file.read())
-            chunks, config = index["chunks"], index["config"]
-            self._formats: list[str] = list(config["data_format"])
-        except ShardReadError:
-            raise
-        except (ValueError, KeyError, TypeError) as error:
-            raise ShardReadError(f"{index_file!r} is not a LitData index (chunks and config): {error}") from error
+        join, index_file, (chunks, config, formats) = directory_index(
+            self.root, self.storage_options, "a LitData index (chunks and config)",
+            lambda index: (index["chunks"], index["config"], list(index["config"]["data_format"])),
+        )  # fmt: skip
+        self._formats: list[str] = formats
         for option in ("compression", "encryption"):
             if config.get(option):
                 raise ShardReadError(

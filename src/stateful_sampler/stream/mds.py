@@ -12,8 +12,6 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
-import os
-import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -27,12 +25,13 @@ from stateful_sampler.stream.formats import (
     by_shard,
     content_identity,
     digest,
+    directory_index,
     entry_of,
     item_offsets,
     shard_bytes,
 )
 from stateful_sampler.stream.readers import ReadStats
-from stateful_sampler.stream.remote import is_url, open_shard, stored_identity
+from stateful_sampler.stream.remote import stored_identity
 
 _SCALARS = {name: np.dtype(name) for name in ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
                                              "float16", "float32", "float64")}  # fmt: skip
@@ -161,18 +160,9 @@ class MDSReader:
     stats: ReadStats = field(default_factory=ReadStats)
 
     def __post_init__(self) -> None:
-        join = posixpath.join if is_url(self.root) else os.path.join
-        index_file = join(self.root, "index.json")
-        try:
-            with open_shard(index_file, self.storage_options) as file:
-                index = json.loads(file.read())
-            entries = index["shards"]
-        except ShardReadError:
-            raise
-        except (ValueError, KeyError, TypeError) as error:
-            raise ShardReadError(
-                f"{index_file!r} is not an MDS index (a JSON object with 'shards'): {error}"
-            ) from error
+        join, index_file, entries = directory_index(
+            self.root, self.storage_options, "an MDS index (a JSON object with 'shards')", lambda index: index["shards"]
+        )
         if not entries:
             raise ValueError(f"{index_file!r} lists no shards")
         layouts = {json.dumps([e.get("column_names"), e.get("column_encodings"), e.get("column_sizes"),
