@@ -9,6 +9,7 @@ batch it consumed to OUT_DIR/NAME_rank<r>.json.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +36,10 @@ def main(out_dir: str, name: str, state: str) -> None:
     dist.barrier()
     Path(out_dir, f"{name}_rank{dist.get_rank()}.json").write_text(json.dumps(seen))
     dist.destroy_process_group()
+    # no interpreter teardown: a native gloo/DDP thread sometimes aborts there (exit -6, "terminate called
+    # without an active exception") after every result is written
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

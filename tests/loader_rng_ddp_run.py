@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -84,6 +85,10 @@ def main() -> None:
     del model, optimizer  # DDP's reducer before its group: a reducer left to exit aborts the process (SIGABRT)
     dist.barrier()
     dist.destroy_process_group()
+    # no interpreter teardown: a native gloo/DDP thread sometimes aborts there (exit -6, "terminate called
+    # without an active exception") after every result is written
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def save(args: argparse.Namespace, rank: int, model, optimizer, loader: ResumableLoader, step: int) -> None:  # type: ignore[no-untyped-def]

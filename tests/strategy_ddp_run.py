@@ -10,6 +10,7 @@ saves the consumed position there. Each rank writes its batches to OUT_DIR/NAME_
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -46,6 +47,10 @@ def main(strategy: str, out_dir: str, name: str, stop_after: str = "0") -> None:
     dist.barrier()
     Path(out_dir, f"{name}_rank{dist.get_rank()}.json").write_text(json.dumps(seen))
     dist.destroy_process_group()
+    # no interpreter teardown: a native gloo/DDP thread sometimes aborts there (exit -6, "terminate called
+    # without an active exception") after every result is written
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def train(sampler: StatefulSampler, loader: DataLoader, stop_after: int, state: Path) -> list[list[int]]:

@@ -10,6 +10,7 @@ steps the state to OUT_DIR/NAME_state.json (rank 0) and stops.
 from __future__ import annotations
 
 import json
+import os
 import multiprocessing
 import sys
 from pathlib import Path
@@ -60,6 +61,10 @@ def main(shard_dir: str, out_dir: str, name: str, workers: int, stop_after: int,
         break
     (out / f"{name}_rank{dist.get_rank()}.json").write_text(json.dumps(seen))
     dist.destroy_process_group()
+    # no interpreter teardown: a native gloo/DDP thread sometimes aborts there (exit -6, "terminate called
+    # without an active exception") after every result is written
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

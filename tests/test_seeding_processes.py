@@ -99,7 +99,8 @@ worker_loader = DataLoader(Augmented(), sampler=plain, batch_size=batch, num_wor
 first = next(iter(worker_loader))[0].tolist()
 dist.barrier()
 dist.destroy_process_group()
-print(json.dumps({"rows": rows, "first_worker_draws": first[1:]}))
+print(json.dumps({"rows": rows, "first_worker_draws": first[1:]}), flush=True)
+os._exit(0)  # no interpreter teardown: a native thread sometimes aborts there (exit -6)
 """
 
 
