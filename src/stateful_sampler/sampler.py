@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
@@ -29,6 +28,7 @@ from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, Epoch
 from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.policies import Order, Tail
 from stateful_sampler.order.strategy import Strategy, Uniform
+from stateful_sampler.ranks import process_rank, process_world_size
 from stateful_sampler.records import MAX_TORCH_SIZE, PassRecords
 from stateful_sampler.resharding import refuse_resharding
 from stateful_sampler.state import STATE_VERSION, SamplerState
@@ -182,15 +182,11 @@ class StatefulSampler(DistributedSampler):
 
     @property
     def num_replicas(self) -> int:  # type: ignore[override]
-        if self._num_replicas is not None:
-            return self._num_replicas
-        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return self._num_replicas if self._num_replicas is not None else process_world_size()
 
     @property
     def rank(self) -> int:  # type: ignore[override]
-        if self._rank is not None:
-            return self._rank
-        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        return self._rank if self._rank is not None else process_rank()
 
     def _check_ranks(self, passes: range | None = None) -> None:
         """Checked at construction (over every pass whose length is known up front) and at each pass

@@ -54,6 +54,7 @@ import torch
 import torch.distributed as dist
 
 from stateful_sampler.errors import IncompatibleStateError
+from stateful_sampler.ranks import process_rank, process_world_size
 
 SNAPSHOT_VERSION = 2
 _READABLE_VERSIONS = (1, 2)  # 1: release 0.2.0, bytes and words as lists of ints
@@ -156,9 +157,7 @@ def check_rank_rng_states(saved: Any) -> tuple[int, dict[str, Any]]:
 
 
 def _process_rank() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    return process_rank(), process_world_size()
 
 
 def _shape(value: Any) -> Any:

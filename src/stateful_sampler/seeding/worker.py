@@ -5,11 +5,11 @@ from __future__ import annotations
 from numbers import Integral
 from typing import Any, NamedTuple
 
-import torch.distributed as dist
 from torch.utils.data import get_worker_info
 
 from stateful_sampler.checks import check_int
 from stateful_sampler.order.mixing import MASK64, worker_seed
+from stateful_sampler.ranks import process_rank
 from stateful_sampler.seeding.generators import seed_globals
 
 
@@ -36,7 +36,7 @@ class WorkerSeeder:
         if isinstance(source, WorkerSeeds):
             return source
         if isinstance(source, int):
-            return WorkerSeeds(source, 0, _process_rank())
+            return WorkerSeeds(source, 0, process_rank())
         return WorkerSeeds(source.seed, source.epoch, source.rank)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -75,7 +75,3 @@ def seed_worker(sampler_or_seed: Any) -> WorkerSeeder:
             f"seed, got {type(source).__name__} without {', '.join(missing)}"
         )
     return WorkerSeeder(source)
-
-
-def _process_rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -17,7 +17,6 @@ sight, and each would deliver other records than the state says, with no error.
 from __future__ import annotations
 
 import itertools
-import operator
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
@@ -34,11 +32,13 @@ from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.policies import Tail
 from stateful_sampler.order.shards import EpochWindows, ShardedShuffle
+from stateful_sampler.ranks import process_world_size, resolve_ranks
 from stateful_sampler.resharding import refuse_resharding
 from stateful_sampler.resumable import dataloaders_under
 from stateful_sampler.sampler import _pass_start_hooks  # add_pass_start_hook's hooks run for streams too
+from stateful_sampler.stream.gather import WindowGather, chunk_bounds, join_spans
 from stateful_sampler.stream.layout import StreamLayout
-from stateful_sampler.stream.readers import ShardReader, ShardReadError, span_reader
+from stateful_sampler.stream.readers import ShardReader
 from stateful_sampler.stream.state import STREAM_STATE_VERSION, Manifest, StreamState, shard_identities
 
 
@@ -60,11 +60,6 @@ class _Pass:
 
 
 _NOTHING = object()
-_Spans = dict[int, tuple[int, Sequence[Any]]]  # shard -> (its first row read, the span of its rows)
-_Joined = tuple[Sequence[Any], np.ndarray]  # the spans joined, and each shard's base row in the join
-# The most records a worker builds at once: a window's first chunk is one batch (the first batch waits
-# for no more), each next one twice the last, up to this (fewer, larger conversions; bounded memory).
-_CHUNK_RECORDS = 1024
 
 
 class ShardedStream(IterableDataset):
@@ -144,6 +139,7 @@ class ShardedStream(IterableDataset):
         self.order = ShardedShuffle(self.counts, self.window, self.seed)
         self.identities = shard_identities(reader, self.shards, self.counts if given else None)
         self.manifest = Manifest.of(self.shards, self.counts, self.identities)
+        self.gather = WindowGather(reader, self.shards, self.counts)
         self._next = _Cursor(0, 0)  # where the next pass starts while no pass has begun since a load or set_epoch
         self._pass: _Pass | None = None  # the last pass begun since then
         self._pass_ended = False  # that pass was taken to its end by the loop
@@ -153,17 +149,11 @@ class ShardedStream(IterableDataset):
 
     @property
     def num_replicas(self) -> int:
-        if self._num_replicas is not None:
-            return self._num_replicas
-        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return self._num_replicas if self._num_replicas is not None else process_world_size()
 
     @property
     def rank(self) -> int:
-        world_size = self.num_replicas
-        rank = self._rank if self._rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
-        if rank >= world_size:
-            raise ValueError(f"rank must lie in [0, num_replicas) = [0, {world_size}), got {rank}")
-        return rank
+        return resolve_ranks(self.num_replicas, self._rank)[1]
 
     def __getstate__(self) -> dict[str, Any]:
         """Workers started by spawn or forkserver have no process group: they get the ranks the
@@ -378,37 +368,29 @@ class ShardedStream(IterableDataset):
         spans = [(starts[w], starts[w + 1]) for w in range(first, windows.windows)] + [(layout.size, 2**62)]
         for window, (begin, end) in enumerate(spans, first):
             if window < windows.windows:
-                self._enter_window(windows, window)
+                self.gather.announce(windows, window)
             local = layout.worker_locals(worker, workers, self.batch_size, *layout.local_range(rank, begin, end))
             if local.size:  # the padding's records are the last window's
                 read_order = windows.window_shards(min(window, windows.windows - 1)).tolist()
                 yield from self._chunks_of_window(windows, layout, rank, local, read_order)
-
-    def _enter_window(self, windows: EpochWindows, window: int) -> None:
-        """Tell a reader that fetches ahead (``ShardCache``) this window's shards, in the order ``_read_spans``
-        reads them, and the next one's."""
-        enter = getattr(self.reader, "enter_window", None)
-        if enter is not None:
-            names = [[self.shards[s] for s in windows.window_shards(w).tolist()] for w in (window, window + 1)]
-            enter(names[0], names[1])
 
     def _chunks_of_window(
         self, windows: EpochWindows, layout: StreamLayout, rank: int, local: np.ndarray, read_order: list[int]
     ) -> Iterator[Iterable[Any]]:
         """This worker's records of one window, in order, a chunk at a time. Each shard is read once for
         the window, then records are built chunk by chunk (one batch, then doubling up to
-        ``_CHUNK_RECORDS``): with a reader whose spans convert lazily (``read_span``) the first batch
+        ``CHUNK_RECORDS``): with a reader whose spans convert lazily (``read_span``) the first batch
         waits for the window's reads and one batch's conversion, not for the whole window's."""
         slots = layout.slots(rank, local)
         shards, rows = windows.locate(layout.positions(slots))
-        spans = self._read_spans(shards, rows, read_order)
-        joined = _join(spans, len(self.shards))
+        spans = self.gather.read(shards, rows, read_order)
+        joined = join_spans(spans, len(self.shards))
         transform = self.transform
         takes_key = getattr(transform, "takes_key", False)
         keyed = self.yield_keys or takes_key
         indices = self.order.offsets[shards] + rows if keyed else None
-        for begin, end in _chunks(len(local), self.batch_size):
-            records = self._gather(spans, joined, shards[begin:end], rows[begin:end])
+        for begin, end in chunk_bounds(len(local), self.batch_size):
+            records = self.gather.records(spans, joined, shards[begin:end], rows[begin:end])
             if not keyed:
                 yield records if transform is None else map(transform, records)
                 continue
@@ -422,78 +404,6 @@ class ShardedStream(IterableDataset):
                 else:
                     records = [transform(record) for record in records]
             yield zip(records, keys) if self.yield_keys else records
-
-    def _read_spans(self, shards: np.ndarray, rows: np.ndarray, read_order: list[int]) -> _Spans:
-        """Per shard of the window, (first row, the span of rows needed), each read once, in the window's
-        order (the order ``enter_window`` announced, in which ``ShardCache`` fetches ahead)."""
-        read = span_reader(self.reader)
-        method = getattr(read, "__name__", "read")
-        spans: _Spans = {}
-        rank = {shard: i for i, shard in enumerate(read_order)}
-        for shard in sorted(np.unique(shards).tolist(), key=lambda shard: rank.get(shard, len(rank))):
-            needed = rows[shards == shard]
-            start, stop = int(needed.min()), int(needed.max()) + 1
-            name = self.shards[shard]
-            try:
-                span = read(name, start, stop)
-            except ShardReadError:
-                raise
-            except Exception as error:
-                raise ShardReadError(f"could not read rows {start}..{stop - 1} of shard {name!r}: {error}") from error
-            if not hasattr(span, "__len__") or not hasattr(span, "__getitem__"):
-                raise TypeError(
-                    f"{type(self.reader).__name__}.{method}({name!r}, {start}, {stop}) returned a "
-                    f"{type(span).__name__}, not a sequence: {method} must return the {stop - start} records of "
-                    f"rows {start}..{stop - 1} of shard {name!r} as a list (wrap a generator in list(...))"
-                )
-            if len(span) != stop - start:
-                raise ShardReadError(
-                    f"shard {name!r} returned {len(span)} records for rows {start}..{stop - 1}, expected "
-                    f"{stop - start}: it holds fewer than the {self.counts[shard]} records counted at start"
-                )
-            spans[shard] = (start, span)
-        return spans
-
-    def _gather(self, spans: _Spans, joined: _Joined | None, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
-        """The records at (shard, row) from the window's spans: from their join when they have one (one
-        ``records_at`` for the chunk), else one ``records_at(rows)`` per shard for a span that has it
-        (``ParquetSpan``), or indexing."""
-        if joined is not None:
-            span, bases = joined
-            return self._convert(span, bases[shards] + rows, lambda: f"the window's shards {self._names(spans)}")
-        if len(spans) == 1:  # one shard (window 1, or the padding): no interleaving to undo
-            ((shard, (start, span)),) = spans.items()
-            return self._convert(span, rows - start, lambda: self._rows_of(shard, rows))
-        taken: list[Any] = []  # each shard's records in turn, then put back in the chunk's order
-        slots = []
-        for shard in np.unique(shards).tolist():
-            where = np.flatnonzero(shards == shard)
-            start, span = spans[shard]
-            taken += self._convert(span, rows[where] - start, lambda: self._rows_of(shard, rows[where]))  # noqa: B023 - called at once
-            slots.append(where)
-        if len(taken) == 1:
-            return taken
-        return list(operator.itemgetter(*np.argsort(np.concatenate(slots)).tolist())(taken))
-
-    def _convert(self, span: Sequence[Any], offsets: np.ndarray, where: Callable[[], str]) -> list[Any]:
-        records_at = getattr(span, "records_at", None)
-        try:
-            records = list(records_at(offsets)) if records_at is not None else [span[row] for row in offsets.tolist()]
-        except ShardReadError:
-            raise
-        except Exception as error:
-            raise ShardReadError(f"could not build the records of {where()}: {error}") from error
-        if len(records) != len(offsets):
-            raise ShardReadError(
-                f"{type(span).__name__}.records_at returned {len(records)} records for {len(offsets)} of {where()}"
-            )
-        return records
-
-    def _rows_of(self, shard: int, rows: np.ndarray) -> str:
-        return f"rows {int(rows.min())}..{int(rows.max())} of shard {self.shards[shard]!r}"
-
-    def _names(self, spans: _Spans) -> str:
-        return ", ".join(repr(self.shards[shard]) for shard in spans)
 
     # -- state
 
@@ -621,33 +531,6 @@ class _Unreported:
 def _dataloader_of(loader: Any, stream: ShardedStream) -> DataLoader | None:
     """The ``DataLoader`` over ``stream`` at ``loader`` or inside the wrappers frameworks put around it."""
     return next((found for found in dataloaders_under(loader) if found.dataset is stream), None)
-
-
-def _join(spans: _Spans, shards: int) -> _Joined | None:
-    """The window's spans as one, when their type can ``join`` them (``ParquetSpan``: one table, its
-    columns contiguous), with each shard's base: window row = base[shard] + shard row. A chunk is then
-    one ``records_at`` call, and records taken from contiguous columns build faster than a read of the
-    shards in row order does. None for a single span, or spans that do not join (other schemas)."""
-    parts = list(spans.values())
-    join = getattr(type(parts[0][1]), "join", None)
-    if len(parts) < 2 or join is None or any(type(span) is not type(parts[0][1]) for _, span in parts):
-        return None
-    try:
-        joined = join([span for _, span in parts])
-    except (TypeError, ValueError):  # pyarrow: shards of other schemas; gather from each span instead
-        return None
-    bases, base = np.zeros(shards, dtype=np.int64), 0
-    for shard, (start, span) in spans.items():
-        bases[shard], base = base - start, base + len(span)
-    return joined, bases
-
-
-def _chunks(length: int, batch_size: int) -> Iterator[tuple[int, int]]:
-    """[begin, end) of each chunk of ``length`` records: one batch, then doubling up to ``_CHUNK_RECORDS``."""
-    begin, size = 0, batch_size
-    while begin < length:
-        yield begin, min(begin + size, length)
-        begin, size = begin + size, min(2 * size, max(batch_size, _CHUNK_RECORDS))
 
 
 def _inside_a_fetcher() -> bool:

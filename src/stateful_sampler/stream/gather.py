@@ -1,0 +1,155 @@
+"""Window reading: each shard of a window read once, then records built at (shard, row) from the spans.
+
+Apart from the stream's passes and state (``dataset.py``): this is the only part that touches storage,
+and the part that decides what a first batch waits for.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from stateful_sampler.order.shards import EpochWindows
+from stateful_sampler.stream.readers import ShardReader, ShardReadError, span_reader
+
+Spans = dict[int, tuple[int, Sequence[Any]]]  # shard -> (its first row read, the span of its rows)
+Joined = tuple[Sequence[Any], np.ndarray]  # the spans joined, and each shard's base row in the join
+# The most records a worker builds at once: a window's first chunk is one batch (the first batch waits
+# for no more), each next one twice the last, up to this (fewer, larger conversions; bounded memory).
+CHUNK_RECORDS = 1024
+
+
+class WindowGather:
+    """Reads the spans a window needs from ``reader`` and builds the records of a chunk from them.
+
+    Example:
+        >>> from stateful_sampler.stream.readers import JsonlReader
+        >>> import json, pathlib, tempfile
+        >>> shard = pathlib.Path(tempfile.mkdtemp(), "a.jsonl")
+        >>> _ = shard.write_text("".join(json.dumps({"x": i}) + "\\n" for i in range(5)))
+        >>> gather = WindowGather(JsonlReader(), [str(shard)], [5])
+        >>> shards, rows = np.array([0, 0]), np.array([3, 1])
+        >>> spans = gather.read(shards, rows, [0])
+        >>> gather.records(spans, join_spans(spans, 1), shards, rows)
+        [{'x': 3}, {'x': 1}]
+    """
+
+    def __init__(self, reader: ShardReader, shards: Sequence[str], counts: Sequence[int]) -> None:
+        self.reader = reader
+        self.shards = shards
+        self.counts = counts
+
+    def announce(self, windows: EpochWindows, window: int) -> None:
+        """Tell a reader that fetches ahead (``ShardCache``) this window's shards, in the order ``read``
+        reads them, and the next one's."""
+        enter = getattr(self.reader, "enter_window", None)
+        if enter is not None:
+            names = [[self.shards[s] for s in windows.window_shards(w).tolist()] for w in (window, window + 1)]
+            enter(names[0], names[1])
+
+    def read(self, shards: np.ndarray, rows: np.ndarray, read_order: list[int]) -> Spans:
+        """Per shard of the window, (first row, the span of rows needed), each read once, in the window's
+        order (the order ``announce`` gave, in which ``ShardCache`` fetches ahead)."""
+        read = span_reader(self.reader)
+        method = getattr(read, "__name__", "read")
+        spans: Spans = {}
+        rank = {shard: i for i, shard in enumerate(read_order)}
+        for shard in sorted(np.unique(shards).tolist(), key=lambda shard: rank.get(shard, len(rank))):
+            needed = rows[shards == shard]
+            start, stop = int(needed.min()), int(needed.max()) + 1
+            name = self.shards[shard]
+            try:
+                span = read(name, start, stop)
+            except ShardReadError:
+                raise
+            except Exception as error:
+                raise ShardReadError(f"could not read rows {start}..{stop - 1} of shard {name!r}: {error}") from error
+            if not hasattr(span, "__len__") or not hasattr(span, "__getitem__"):
+                raise TypeError(
+                    f"{type(self.reader).__name__}.{method}({name!r}, {start}, {stop}) returned a "
+                    f"{type(span).__name__}, not a sequence: {method} must return the {stop - start} records of "
+                    f"rows {start}..{stop - 1} of shard {name!r} as a list (wrap a generator in list(...))"
+                )
+            if len(span) != stop - start:
+                raise ShardReadError(
+                    f"shard {name!r} returned {len(span)} records for rows {start}..{stop - 1}, expected "
+                    f"{stop - start}: it holds fewer than the {self.counts[shard]} records counted at start"
+                )
+            spans[shard] = (start, span)
+        return spans
+
+    def records(self, spans: Spans, joined: Joined | None, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
+        """The records at (shard, row) from the window's spans: from their join when they have one (one
+        ``records_at`` for the chunk), else one ``records_at(rows)`` per shard for a span that has it
+        (``ParquetSpan``), or indexing."""
+        if joined is not None:
+            span, bases = joined
+            return self._convert(span, bases[shards] + rows, lambda: f"the window's shards {self._names(spans)}")
+        if len(spans) == 1:  # one shard (window 1, or the padding): no interleaving to undo
+            ((shard, (start, span)),) = spans.items()
+            return self._convert(span, rows - start, lambda: self._rows_of(shard, rows))
+        taken: list[Any] = []  # each shard's records in turn, then put back in the chunk's order
+        slots = []
+        for shard in np.unique(shards).tolist():
+            where = np.flatnonzero(shards == shard)
+            start, span = spans[shard]
+            taken += self._convert(span, rows[where] - start, lambda: self._rows_of(shard, rows[where]))  # noqa: B023 - called at once
+            slots.append(where)
+        if len(taken) == 1:
+            return taken
+        return list(operator.itemgetter(*np.argsort(np.concatenate(slots)).tolist())(taken))
+
+    def _convert(self, span: Sequence[Any], offsets: np.ndarray, where: Callable[[], str]) -> list[Any]:
+        records_at = getattr(span, "records_at", None)
+        try:
+            records = list(records_at(offsets)) if records_at is not None else [span[row] for row in offsets.tolist()]
+        except ShardReadError:
+            raise
+        except Exception as error:
+            raise ShardReadError(f"could not build the records of {where()}: {error}") from error
+        if len(records) != len(offsets):
+            raise ShardReadError(
+                f"{type(span).__name__}.records_at returned {len(records)} records for {len(offsets)} of {where()}"
+            )
+        return records
+
+    def _rows_of(self, shard: int, rows: np.ndarray) -> str:
+        return f"rows {int(rows.min())}..{int(rows.max())} of shard {self.shards[shard]!r}"
+
+    def _names(self, spans: Spans) -> str:
+        return ", ".join(repr(self.shards[shard]) for shard in spans)
+
+
+def join_spans(spans: Spans, shards: int) -> Joined | None:
+    """The window's spans as one, when their type can ``join`` them (``ParquetSpan``: one table, its
+    columns contiguous), with each shard's base: window row = base[shard] + shard row. A chunk is then
+    one ``records_at`` call, and records taken from contiguous columns build faster than a read of the
+    shards in row order does. None for a single span, or spans that do not join (other schemas)."""
+    parts = list(spans.values())
+    join = getattr(type(parts[0][1]), "join", None)
+    if len(parts) < 2 or join is None or any(type(span) is not type(parts[0][1]) for _, span in parts):
+        return None
+    try:
+        joined = join([span for _, span in parts])
+    except (TypeError, ValueError):  # pyarrow: shards of other schemas; gather from each span instead
+        return None
+    bases, base = np.zeros(shards, dtype=np.int64), 0
+    for shard, (start, span) in spans.items():
+        bases[shard], base = base - start, base + len(span)
+    return joined, bases
+
+
+def chunk_bounds(length: int, batch_size: int) -> Iterator[tuple[int, int]]:
+    """[begin, end) of each chunk of ``length`` records: one batch, then doubling up to ``CHUNK_RECORDS``.
+
+    Example:
+        >>> list(chunk_bounds(10, 2))
+        [(0, 2), (2, 6), (6, 10)]
+    """
+    begin, size = 0, batch_size
+    while begin < length:
+        yield begin, min(begin + size, length)
+        begin, size = begin + size, min(2 * size, max(batch_size, CHUNK_RECORDS))
