@@ -34,6 +34,9 @@ class ResumableOrder(Protocol):
     way (else of the next pass), capped at the pass's records. ``settle()`` is called at an ``iter()`` of the
     loader with no pass of its own under way; a pass the loader broke off is put back instead, by
     ``load_state_dict(state_after(consumed))``, when the order is still in that pass's epoch or ``pass_begun``.
+    ``len()`` counts this rank's records of the current epoch from its start, ``remaining_length()`` those left
+    from the position ``state_dict()`` saves (read by the loader at a pass's start, for ``len(loader)``). A
+    ``batch_size`` of ``None`` is set by the loader to its ``DataLoader``'s (so it must be writable then).
     """
 
     seed: int
