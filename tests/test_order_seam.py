@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import stateful_sampler.loader as loader_module
 from stateful_sampler import StatefulSampler
@@ -197,3 +197,101 @@ def test_the_loader_reaches_into_no_order_and_the_protocol_is_public() -> None:
         "batch_size", "epoch", "load_state_dict", "num_replicas", "pass_begun", "remaining_length", "seed",
         "set_epoch", "settle", "state_after", "state_dict",
     ]  # fmt: skip
+
+
+class ThirdPartyStream(IterableDataset):  # type: ignore[type-arg]
+    """A dataset order (``DatasetOrder``): its workers deliver whole batches of the pass ``loader_pass`` begins."""
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        self.size, self.seed = size, seed
+        self.batch_size: int | None = None  # the loader's is taken
+        self._next = (0, 0)  # (epoch, position) the next pass starts from
+        self._pass: _Pass | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self._pass.epoch if self._pass is not None else self._next[0]
+
+    @property
+    def num_replicas(self) -> int:
+        return 1
+
+    @property
+    def pass_begun(self) -> bool:
+        return self._pass is not None
+
+    def set_epoch(self, epoch: int) -> None:
+        if (self._pass is None and epoch == self._next[0]) or (
+            self._pass is not None and not self._pass.finished and epoch == self._pass.epoch
+        ):
+            return
+        self._next, self._pass = (epoch, 0), None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def remaining_length(self) -> int:
+        if self._pass is not None:
+            return 0 if self._pass.finished else self.size - self._pass.origin
+        return self.size - self._next[1]
+
+    def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
+        if consumed_batches is not None:
+            return self.state_after(consumed_batches * (self.batch_size or 1))
+        if self._pass is not None and not self._pass.finished:
+            raise ValueError("a pass is under way and its workers prefetch: pass consumed_batches")
+        return self._state(self._pass.epoch + 1, 0) if self._pass is not None else self._state(*self._next)
+
+    def state_after(self, consumed: int) -> dict[str, Any]:
+        epoch, origin = self._next if self._pass is None else (self._pass.epoch, self._pass.origin)
+        return self._state(epoch, origin + min(consumed, self.size - origin))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seed") != self.seed or state.get("size") != self.size:
+            raise ValueError(f"not this order's state: {state}")
+        self._next, self._pass = (state["epoch"], state["position"]), None
+
+    def settle(self) -> None:
+        if self._pass is not None and self._pass.finished:
+            self._next, self._pass = (self._pass.epoch + 1, 0), None
+
+    def loader_pass(self, loader: Iterable[Any]) -> Iterator[Any]:
+        self.settle()
+        pass_starting(self)
+        current = self._pass = _Pass(*self._next)  # before iter(loader): the workers' copies hold it
+        yield from loader
+        current.finished = True
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        epoch, origin = self._next if self._pass is None else (self._pass.epoch, self._pass.origin)
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.size)[origin:].tolist()
+        size = self.batch_size or 1
+        for start in range(worker * size, len(order), workers * size):  # whole batches, dealt in turn
+            yield from order[start : start + size]
+
+    def _state(self, epoch: int, position: int) -> dict[str, Any]:
+        return {"size": self.size, "seed": self.seed, "epoch": epoch, "position": position}
+
+
+def _stream_loader(workers: int) -> ResumableLoader:
+    return ResumableLoader(DataLoader(ThirdPartyStream(N, 7), batch_size=B, num_workers=workers))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("stop", [2, 6])
+def test_a_third_party_dataset_order_resumes_exactly_mid_epoch(workers: int, stop: int) -> None:
+    live = _stream_loader(workers)
+    assert isinstance(live.sampler, DatasetOrder) and live.sampler.batch_size == B
+    first = _batches(live, stop)
+    assert first == _expected_epoch(0)[:stop]
+    state = live.state_dict()
+    assert state["sampler"] == {"size": N, "seed": 7, "epoch": 0, "position": min(stop * B, N)}
+    resumed = _stream_loader(workers)
+    resumed.load_state_dict(state)
+    assert len(resumed) == len(live) == 6 - stop
+    assert _batches(resumed) == _batches(live) == _expected_epoch(0)[stop:]
+    assert resumed.state_dict()["sampler"] == live.state_dict()["sampler"]
+    assert len(resumed) == len(live) == 6
+    assert _batches(resumed) == _batches(live) == _expected_epoch(1)
