@@ -232,7 +232,7 @@ class ThirdPartyStream(IterableDataset):  # type: ignore[type-arg]
 
     def remaining_length(self) -> int:
         if self._pass is not None:
-            return 0 if self._pass.finished else self.size - self._pass.origin
+            return self.size - (0 if self._pass.finished else self._pass.origin)  # finished: the next epoch
         return self.size - self._next[1]
 
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
