@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -295,3 +295,36 @@ def test_a_third_party_dataset_order_resumes_exactly_mid_epoch(workers: int, sto
     assert resumed.state_dict()["sampler"] == live.state_dict()["sampler"]
     assert len(resumed) == len(live) == 6
     assert _batches(resumed) == _batches(live) == _expected_epoch(1)
+
+
+class _Tagged(StatefulSampler):
+    """A subclass that saves one more field through the extension point, and takes it off on load."""
+
+    def extra_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        return {"tag": f"{state['epoch']}:{state['position']}"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        if state.pop("tag") != f"{state['epoch']}:{state['position']}":
+            raise ValueError("tag: not this state's")
+        super().load_state_dict(state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_subclass_extends_the_saved_state_through_extra_state_under_the_loader(workers: int) -> None:
+    live = ResumableLoader(DataLoader(range(N), sampler=_Tagged(N, seed=3), batch_size=B, num_workers=workers))
+    _batches(live, 2)
+    state = live.state_dict()
+    assert state["sampler"]["tag"] == f"0:{2 * B}" and live.sampler.state_dict(consumed_batches=2) == state["sampler"]
+    resumed = ResumableLoader(DataLoader(range(N), sampler=_Tagged(N, seed=3), batch_size=B, num_workers=workers))
+    resumed.load_state_dict(state)
+    assert _batches(resumed) == _batches(live)
+
+
+def test_an_extra_field_that_shadows_the_samplers_own_is_refused_naming_it() -> None:
+    class Shadowing(StatefulSampler):
+        def extra_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+            return {"seed": 1}
+
+    with pytest.raises(TypeError, match=r"^Shadowing.extra_state\(\) returned 'seed', a field of the sampler's own"):
+        Shadowing(8).state_dict()
