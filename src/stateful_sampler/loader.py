@@ -23,10 +23,19 @@ from torch.utils.data import DataLoader
 
 from stateful_sampler.checks import check_bool, check_int, check_optional_int
 from stateful_sampler.errors import DoubleShardingError, IncompatibleStateError, SamplerNotFoundError, StalePassError
+from stateful_sampler.hooks import (
+    BatchHook,  # noqa: F401 - re-exported, the registry lives in hooks
+    StateHook,  # noqa: F401 - re-exported, the registry lives in hooks
+    add_batch_hook,  # noqa: F401 - re-exported, the registry lives in hooks
+    add_state_hook,  # noqa: F401 - re-exported, the registry lives in hooks
+    batch_handed_out,
+    set_consumed_source,
+    state_taken,
+)
 from stateful_sampler.order.layout import MAX_BATCH
-from stateful_sampler.plugins import load_plugins
-from stateful_sampler.resumable import WRAPPED_LOADERS, DatasetOrder, dataloaders_under, loader_batches
-from stateful_sampler.sampler import StatefulSampler, set_consumed_source
+from stateful_sampler.plugins import install
+from stateful_sampler.resumable import WRAPPED_LOADERS, ResumableOrder, dataloaders_under, loader_batches
+from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.seeding.snapshot import capture_rank_rng_states, check_rank_rng_states, rank_rng_restorer
 
 # 2 added ``rng_states``: the process's RNG states at the save (``None`` when not captured), kept apart from
@@ -47,30 +56,6 @@ _SAMPLER_STATE_MARKERS = ("size", "seed", "epoch", "position")
 # SkipDataLoader (batch_sampler, base_dataloader); a DataLoader's dataset, for a DatasetOrder (ShardedStream).
 _WRAPPED = ("sampler", "batch_sampler", "_dataloader", "base_dataloader", "dataloader", "loader", "dataset")
 _MAX_DEPTH = 6
-
-BatchHook = Callable[["ResumableLoader", Any, int], None]
-StateHook = Callable[["ResumableLoader", int], None]
-_batch_hooks: list[BatchHook] = []
-_state_hooks: list[StateHook] = []
-
-
-def add_batch_hook(hook: BatchHook) -> Callable[[], None]:
-    """Call ``hook(loader, batch, consumed)`` for every batch any ``ResumableLoader`` hands to the loop.
-
-    ``consumed`` counts the batches of the pass under way, this one included (1-based). This is the
-    point where tools observe what training consumed without editing the user's loop (verify's
-    batch recorder switches itself on through it). Returns a function that removes the hook.
-    """
-    _batch_hooks.append(hook)
-    return lambda: _batch_hooks.remove(hook)
-
-
-def add_state_hook(hook: StateHook) -> Callable[[], None]:
-    """Call ``hook(loader, consumed)`` whenever any ``ResumableLoader`` gives its state (a checkpoint is being
-    taken), with the batches of the pass under way it saves as consumed (0 when no pass is under way).
-    Returns a function that removes it."""
-    _state_hooks.append(hook)
-    return lambda: _state_hooks.remove(hook)
 
 
 @dataclass(frozen=True)
@@ -188,7 +173,7 @@ class ResumableLoader:
         rng_states: bool = True,
     ) -> None:
         self.loader = loader
-        self.sampler = find_sampler(loader)
+        self.sampler: ResumableOrder = find_sampler(loader)  # driven through the seam's public members only
         self._records_per_batch = _records_per_batch(loader, self.sampler)
         self._drop_last = _drops_last(loader)
         self.batches_per_epoch = check_optional_int("batches_per_epoch", batches_per_epoch, minimum=1)
@@ -198,7 +183,7 @@ class ResumableLoader:
         self._token: object | None = None  # the latest iterator's; an older one is stale
         self._generators = _own_generators(loader)
         set_consumed_source(self.sampler, self._consumed_positions)
-        load_plugins()  # tools that observe training from outside (verify) install their hooks
+        install()  # tools that observe training from outside (verify) install their hooks
 
     # -- what the DataLoader holds, taken rather than asked for again
 
@@ -288,8 +273,7 @@ class ResumableLoader:
                 break
             self._check_current(token)
             current.consumed += 1
-            for hook in tuple(_batch_hooks):
-                hook(self, batch, current.consumed)
+            batch_handed_out(self, batch, current.consumed)
             yield batch
             self._check_current(token)
         else:
@@ -316,9 +300,9 @@ class ResumableLoader:
         continues from there (a loop that broke off resumes where it stopped)."""
         current, self._pass, self._token = self._pass, None, None
         if current is None:
-            self.sampler._settle_pass()  # a pass that ended is done with: the next one starts at the cursor
+            self.sampler.settle()  # a pass that ended is done with: the next one starts at the cursor
             return
-        if current.epoch == self.sampler.epoch or self.sampler._pass is not None:
+        if current.epoch == self.sampler.epoch or self.sampler.pass_begun:
             self.sampler.load_state_dict(self._sampler_state(current))
 
     def _consumed_positions(self) -> int | None:
@@ -329,13 +313,7 @@ class ResumableLoader:
         return self._pass.consumed * self._records_per_batch
 
     def _sampler_state(self, current: _LoaderPass) -> dict[str, Any]:
-        sampler = self.sampler
-        if isinstance(sampler, DatasetOrder):  # a stream counts its pass in batches of its own size
-            return sampler.state_dict(consumed_batches=current.consumed)
-        local = min(
-            current.consumed * self._records_per_batch, sampler._current_pass().layout.local_length(sampler.rank)
-        )
-        return sampler._saved_state(sampler._cursor_after_local(local))
+        return self.sampler.state_after(current.consumed * self._records_per_batch)
 
     # -- state
 
@@ -354,8 +332,7 @@ class ResumableLoader:
         """
         current = self._pass
         sampler_state = self.sampler.state_dict() if current is None else self._sampler_state(current)
-        for hook in tuple(_state_hooks):
-            hook(self, current.consumed if current is not None else 0)
+        state_taken(self, current.consumed if current is not None else 0)
         rng = capture_rank_rng_states(every_rank=check_bool("every_rank", every_rank)) if self.rng_states else None
         return LoaderState(LOADER_STATE_VERSION, sampler_state, rng).to_dict()
 
@@ -376,7 +353,7 @@ class ResumableLoader:
             restore_rngs()
 
 
-def _records_per_batch(loader: Any, sampler: StatefulSampler) -> int:
+def _records_per_batch(loader: Any, sampler: ResumableOrder) -> int:
     """Records per item the loop receives: the batch size, 1 for ``DataLoader(batch_size=None)``."""
     if not _batches(loader):
         return 1
@@ -472,7 +449,7 @@ def _path_to_sampler(obj: Any, path: list[Any], seen: set[int]) -> list[Any] | N
     if id(obj) in seen or len(path) > _MAX_DEPTH:
         return None
     seen.add(id(obj))
-    if isinstance(obj, (StatefulSampler, DatasetOrder)):
+    if isinstance(obj, (StatefulSampler, ResumableOrder)):
         return [*path, obj]
     for name in _WRAPPED:
         inner = getattr(obj, name, None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass, replace
 from itertools import chain, repeat
 from operator import length_hint
@@ -23,6 +23,14 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDat
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
 from stateful_sampler.errors import DoubleShardingError, PrefetchedStateError
+from stateful_sampler.hooks import (
+    ConsumedSource,  # noqa: F401 - re-exported, the registry lives in hooks
+    PassStartHook,  # noqa: F401 - re-exported, the registry lives in hooks
+    add_pass_start_hook,  # noqa: F401 - re-exported, the registry lives in hooks
+    consumed_count,
+    pass_starting,
+    set_consumed_source,  # noqa: F401 - re-exported, the registry lives in hooks
+)
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout, carry_epoch_start
 from stateful_sampler.order.permutation import MAX_SIZE
@@ -36,30 +44,7 @@ from stateful_sampler.state import STATE_VERSION, SamplerState
 _FIRST_BLOCK = 1024  # small, so the first batch after a resume is quick
 _MAX_BLOCK = 1 << 14  # amortises NumPy's per-call cost while the Feistel scratch arrays stay in L2 cache
 
-PassStartHook = Callable[["StatefulSampler"], None]
-_pass_start_hooks: list[PassStartHook] = []
-
-# The seam through which a wrapping loader (``ResumableLoader``) tells ``sampler.state_dict()`` how many of
-# this rank's positions of the pass under way training has consumed: None when it has no pass under way.
-ConsumedSource = Callable[[], "int | None"]
-_consumed_sources: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # sampler -> WeakMethod
 _DRIVER_DEPTH = 8  # frames searched for the DataLoader iterator that starts a pass
-
-
-def set_consumed_source(sampler: StatefulSampler, source: Callable[[], int | None]) -> None:
-    """Let ``sampler.state_dict()`` ask ``source`` (a bound method, held weakly) for the consumed count."""
-    _consumed_sources[sampler] = weakref.WeakMethod(source)  # type: ignore[arg-type]
-
-
-def add_pass_start_hook(hook: PassStartHook) -> Callable[[], None]:
-    """Call ``hook(sampler)`` when any pass starts, before it reads its epoch and position.
-
-    A pass starts at the first ``next()`` of ``iter(sampler)``, which a ``DataLoader`` with
-    workers reaches inside ``iter(loader)``; this is the last moment to restore state into a
-    sampler that was built after the checkpoint was read. Returns a function that removes it.
-    """
-    _pass_start_hooks.append(hook)
-    return lambda: _pass_start_hooks.remove(hook)
 
 
 @dataclass(frozen=True)
@@ -259,7 +244,7 @@ class StatefulSampler(DistributedSampler):
         current = self._pass
         if current is None:
             return self._cursor
-        consumed = None if current.snapshots else self._loader_count()
+        consumed = None if current.snapshots else consumed_count(self)
         if consumed is not None:
             return current.cursor_after(consumed)
         if current.finished and current.loop_ended():
@@ -269,12 +254,6 @@ class StatefulSampler(DistributedSampler):
         if current.prefetches and not current.snapshots:
             return None
         return current.cursor_after(current.drawn())
-
-    def _loader_count(self) -> int | None:
-        """This rank's positions consumed of the pass under way, as a wrapping loader counts them."""
-        source = _consumed_sources.get(self)
-        method = source() if source is not None else None
-        return method() if method is not None else None  # type: ignore[no-any-return]
 
     def remaining_length(self) -> int:
         """The indices this rank has left in the current epoch, from the position ``state_dict()``
@@ -336,16 +315,22 @@ class StatefulSampler(DistributedSampler):
     def __iter__(self) -> Iterator[Any]:
         """A lazy pass: epoch and position are read at the first ``next()``, not here (Lightning
         iterates before it calls ``set_epoch`` on a resumed epoch, #21938). The previous pass is
-        settled at once (see ``_settle_pass``), so a state taken between ``iter()`` and the first batch
+        settled at once (see ``settle``), so a state taken between ``iter()`` and the first batch
         describes the new pass.
 
         ``chain`` hands out each block's items in C; the generator behind it only resumes once
         per block, which halves the per-index cost of a generator that yields every item."""
-        self._settle_pass()
+        self.settle()
         token = self._latest = object()
         return chain.from_iterable(self._pass_blocks(token))
 
-    def _settle_pass(self) -> None:
+    @property
+    def pass_begun(self) -> bool:
+        """Whether a pass began since the last ``set_epoch`` (to another epoch), ``load_state_dict`` or
+        ``settle``: a pass under way, or drawn to its end and not yet settled."""
+        return self._pass is not None
+
+    def settle(self) -> None:
         """Detach the pass under way; a new pass continues from where ``state_dict()`` would have said
         this one got to (so a restored sampler and the live one agree): the drawn position, the epoch's
         end once drawn whole. A pass a multi-process ``DataLoader`` drew ahead of training restarts from
@@ -363,8 +348,7 @@ class StatefulSampler(DistributedSampler):
         refuse_resharding(self, sys._getframe(1))
         prefetches, snapshots, driver = _pass_driver(sys._getframe(1))
         if attached:
-            for hook in tuple(_pass_start_hooks):
-                hook(self)
+            pass_starting(self)
         self._check_ranks()
         origin = self._cursor
         layout = self._layout(origin)
@@ -469,10 +453,38 @@ class StatefulSampler(DistributedSampler):
             )
         return self._saved_state(self._cursor_after_local(consumed * self.batch_size))
 
+    def state_after(self, consumed: int) -> dict[str, Any]:
+        """The state once training consumed ``consumed`` of this rank's positions of the pass under way (else
+        of the next pass), capped at the pass's: what ``ResumableLoader`` saves, whatever workers prefetched.
+
+        Example:
+            >>> sampler = StatefulSampler(10, batch_size=4)
+            >>> sampler.state_after(4) == sampler.state_dict(consumed_batches=1)
+            True
+        """
+        consumed = check_int("consumed", consumed)
+        local = min(consumed, self._current_pass().layout.local_length(self.rank))
+        return self._saved_state(self._cursor_after_local(local))
+
+    def extra_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields a subclass adds to each state it saves (a row sampler's ``packing`` anchor), given the
+        sampler's own ``state`` at that position: the extension point of ``state_dict`` and ``state_after``,
+        so that whatever saves the state (the sampler, ``ResumableLoader``) saves them. The subclass's
+        ``load_state_dict`` takes them off again before it calls this one's. None here."""
+        return {}
+
     def _saved_state(self, cursor: _Cursor) -> dict[str, Any]:
-        """The state dict saved at ``cursor``: the one place a saved state is made, so a subclass that
-        saves more (a row sampler's anchor) saves it through ``ResumableLoader`` too."""
-        return self._state(cursor).to_dict()
+        """The state dict saved at ``cursor``: the one place a saved state is made, with ``extra_state``'s fields."""
+        state = self._state(cursor).to_dict()
+        extra = self.extra_state(state)
+        for name in extra:
+            if name in state:
+                raise TypeError(
+                    f"{type(self).__name__}.extra_state() returned {name!r}, a field of the sampler's own state: "
+                    f"name the fields it adds otherwise"
+                )
+        state.update(extra)
+        return state
 
     def _current_pass(self) -> _Pass:
         """The pass under way (or ended), else the one the cursor would start."""

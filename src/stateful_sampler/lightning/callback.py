@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch.distributed as dist
 
 from stateful_sampler.errors import IncompatibleStateError
+from stateful_sampler.hooks import add_pass_start_hook
 from stateful_sampler.lightning.epoch_length import (
     EpochBatches,
     count_epoch,
@@ -50,7 +51,8 @@ from stateful_sampler.lightning.restart import (
     start_next_epoch,
 )
 from stateful_sampler.plugins import trainer_observer
-from stateful_sampler.sampler import StatefulSampler, add_pass_start_hook
+from stateful_sampler.resumable import ResumableOrder
+from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
 
 if TYPE_CHECKING:  # either package's; see framework.py
@@ -159,7 +161,7 @@ class SamplerCheckpointHooks:
         self._loaded = False  # this fit resumed from a checkpoint that holds a state of ours
         self._restore_error: ValueError | None = None
         self._checked = False  # on_train_start found the train samplers fit to be counted
-        self._passes: dict[StatefulSampler, _PassStart] = {}
+        self._passes: dict[ResumableOrder, _PassStart] = {}
         # After a checkpoint that ended an epoch, Lightning still counts the finished epoch's
         # batches while it restarts, and only then the next epoch's.
         self._recount_at_first_batch = False
@@ -333,7 +335,7 @@ class SamplerCheckpointHooks:
         if self._recording is not None:
             self._recording.train_end(trainer, pl_module)
 
-    def _on_pass_start(self, sampler: StatefulSampler) -> None:
+    def _on_pass_start(self, sampler: ResumableOrder) -> None:
         trainer = self._trainer
         if trainer is None:
             return

@@ -142,10 +142,9 @@ class RowSampler(StatefulSampler):
             )
         return rows
 
-    def _saved_state(self, cursor: Any) -> dict[str, Any]:
-        state = super()._saved_state(cursor)
-        state["packing"] = self._anchor(state)
-        return state
+    def extra_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """The anchor of the row the saved position reads next (``packing``), taken off again by ``load_state_dict``."""
+        return {"packing": self._anchor(state)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, Mapping):
@@ -205,7 +204,7 @@ class RowSampler(StatefulSampler):
                     )
                 raise IncompatibleStateError(f"packing.settings.{name}", saved[name], value, reason)
 
-    def _anchor(self, state: dict[str, Any]) -> dict[str, Any]:
+    def _anchor(self, state: Mapping[str, Any]) -> dict[str, Any]:
         pass_index, row = self._row_at(state)
         rows = self.strategy.rows(pass_index)
         window, start = rows.anchor(row)
@@ -216,7 +215,7 @@ class RowSampler(StatefulSampler):
         anchor["check"] = _check(self._check_word(), anchor)
         return anchor
 
-    def _row_at(self, state: dict[str, Any]) -> tuple[int, int]:
+    def _row_at(self, state: Mapping[str, Any]) -> tuple[int, int]:
         """The pass and row a saved cursor reads next (padding wraps to the pass's start; ``carry``
         reads on into the next passes, which all have one length)."""
         epoch, length = state["epoch"], self.strategy.rows(state["epoch"]).count()

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
 from stateful_sampler.errors import StreamSetupError
+from stateful_sampler.hooks import pass_starting
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.policies import Tail
@@ -35,7 +36,6 @@ from stateful_sampler.order.shards import EpochWindows, ShardedShuffle
 from stateful_sampler.ranks import process_world_size, resolve_ranks
 from stateful_sampler.resharding import refuse_resharding
 from stateful_sampler.resumable import dataloaders_under
-from stateful_sampler.sampler import _pass_start_hooks  # add_pass_start_hook's hooks run for streams too
 from stateful_sampler.stream.gather import WindowGather, chunk_bounds, join_spans
 from stateful_sampler.stream.layout import StreamLayout
 from stateful_sampler.stream.readers import ShardReader
@@ -237,13 +237,27 @@ class ShardedStream(IterableDataset):
             return self._layout(self._pass.origin).local_length
         return self.remaining_length()
 
-    def _settle_pass(self) -> None:
+    @property
+    def pass_begun(self) -> bool:
+        """Whether a pass began since the last ``set_epoch`` (to another epoch), ``load_state_dict`` or ``settle``."""
+        return self._pass is not None
+
+    def settle(self) -> None:
         """Done with a pass the loop took to its end: the next pass starts at the next epoch, and
         ``state_dict(consumed_batches=k)`` counts from there (``ResumableLoader`` calls this at each
         ``iter()`` when no pass of its own is under way, as it does ``StatefulSampler``'s). A pass under
         way is left as it is: a loader that broke off settles it itself at the batches it consumed."""
         if self._pass is not None and self._pass_ended:
             self._next, self._pass, self._pass_ended = self._upcoming(), None, False
+
+    def state_after(self, consumed: int) -> dict[str, Any]:
+        """The state once the loop consumed ``consumed`` of this rank's records of a loader's pass under way
+        (else of the next pass), capped at the pass's: what ``ResumableLoader`` saves."""
+        current = self._pass
+        start = self._next if current is None else _Cursor(current.epoch, current.origin)
+        layout = self._layout(start.position)
+        records = min(check_int("consumed", consumed), layout.local_length)
+        return self._state(start.epoch, layout.position_after(records)).to_dict()
 
     # -- loaders
 
@@ -294,8 +308,7 @@ class ShardedStream(IterableDataset):
 
     def _begin_pass(self) -> _Pass:
         self._pass_ended = True  # the previous pass, if any, is over: the hooks see the pass about to begin
-        for hook in tuple(_pass_start_hooks):  # SamplerCheckpoint restores, verify records: as for a sampler
-            hook(self)  # type: ignore[arg-type]
+        pass_starting(self)  # SamplerCheckpoint restores, verify records: as for a sampler
         start = self._upcoming()
         if start.epoch > MAX_EPOCH:
             raise ValueError(f"epoch must be at most {MAX_EPOCH}: the pass after epoch {start.epoch - 1} is past it")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from stateful_sampler.sampler import StatefulSampler
+from stateful_sampler.resumable import ResumableOrder
 from stateful_sampler.verify.recorder import RECORD_ENV, Recorder, claim_recorder
 
 _UNCLAIMED = object()
@@ -40,7 +40,7 @@ class LazyLoaderRecording:
             self._recorder = claim_recorder()
         return self._recorder
 
-    def pass_started(self, sampler: StatefulSampler) -> None:
+    def pass_started(self, sampler: ResumableOrder) -> None:
         if self.recorder is None:
             return
         before = len(sampler) - sampler.remaining_length()  # read before the pass moves the cursor
