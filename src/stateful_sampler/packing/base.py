@@ -24,10 +24,10 @@ from typing import Any
 from stateful_sampler.checks import check_int
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.order.layout import MAX_EPOCH
-from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
 from stateful_sampler.order.grouped import Grouped
+from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.length_grouped import LengthGrouped
+from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
 from stateful_sampler.order.rows import PassRows, RowOrder, strategy_setting
 from stateful_sampler.order.strategy import Strategy, Uniform
 from stateful_sampler.sampler import StatefulSampler
@@ -57,7 +57,7 @@ def packed_strategy(strategy: Any, size: int) -> Strategy | None:
             f"strategy must be a Strategy such as Uniform(), Weighted(...) or Mixture(...), got {type(strategy).__name__}"
         )
     if isinstance(strategy, (Grouped, LengthGrouped)):
-        raise ValueError(
+        raise TypeError(
             f"strategy={strategy!r} groups records into batches (with repeats that only even out ranks): packing "
             f"makes its own rows, so pack over the order itself (Uniform, Weighted, Mixture, Curriculum, Stratified)"
         )
