@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from stateful_sampler.order.lengths import lengths_digest
+from stateful_sampler.order.lengths import MAX_TOKENS, lengths_digest
 from stateful_sampler.order.packing import bin_counts, pack_window
-from stateful_sampler.order.strategy import PassOrder, Strategy, check_length
+from stateful_sampler.order.strategy import PassOrder, Strategy, Uniform, check_length
 from stateful_sampler.order.windows import PassWindows, WindowCache, WindowStarts
 
 Slice = tuple[int, int, int]  # (record, start, stop): tokens [start, stop) of the record
@@ -49,6 +49,9 @@ class RowOrder(Strategy):
         window: shuffle positions per window.
         padded: the cost of a bin is its longest record times its count (token-budget batches).
         truncate: with ``split=False``, records longer than ``capacity`` keep their first tokens.
+        strategy: the order whose draws are packed (``None``: this module's uniform shuffle, as before there
+            was a choice). Its pass p is ``strategy.pass_order(N, seed, p)``, exactly the order a
+            ``StatefulSampler`` with that strategy reads; a record drawn twice is packed twice.
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class RowOrder(Strategy):
         padded: bool = False,
         truncate: bool = False,
         name: str = "packed-rows",
+        strategy: Strategy | None = None,
     ) -> None:
         self.name = name  # type: ignore[misc]
         self.lengths = lengths
@@ -71,7 +75,8 @@ class RowOrder(Strategy):
         self.window = window
         self.padded = padded
         self.truncate = truncate
-        self.passes_vary = not split
+        self.drawn = strategy  # None: the uniform shuffle of windows.py
+        self.passes_vary = not split or strategy is not None  # a strategy's passes may draw other tokens
         self.tokens = int(lengths.sum(dtype=np.int64))
         self.digest = lengths_digest(lengths)  # of the values: what a state records as its lengths
         self._passes: OrderedDict[int, PassRows] = OrderedDict()
@@ -90,7 +95,24 @@ class RowOrder(Strategy):
         return _rows_themselves
 
     def _identity(self) -> tuple[Any, ...]:
-        return (self.digest, len(self.lengths), self.capacity, self.split, self.window, self.padded, self.truncate)
+        identity = (self.digest, len(self.lengths), self.capacity, self.split, self.window, self.padded, self.truncate)
+        if self.drawn is None:
+            return identity  # the fingerprint of the orders saved before strategies could be packed
+        return (*identity, *strategy_setting(self.drawn))
+
+    def draws(self, pass_index: int) -> tuple[int, PassOrder | None]:
+        """Pass ``pass_index``'s draws: how many, and the records at its positions (``None``: the uniform
+        shuffle). A pass whose tokens could pass ``MAX_TOKENS`` is refused (its offsets would wrap int64)."""
+        size = len(self.lengths)
+        if self.drawn is None:
+            return size, None
+        length = self.drawn.pass_length(size, pass_index)
+        if length and int(self.lengths.max()) * length > MAX_TOKENS:
+            raise ValueError(
+                f"strategy {self.drawn!r} draws {length} records in pass {pass_index}: with records of up to "
+                f"{int(self.lengths.max())} tokens its tokens may pass 2**62 - 1 (int64 offsets): draw fewer"
+            )
+        return length, self.drawn.pass_order(size, self.seed, pass_index)
 
     def rows(self, pass_index: int) -> PassRows:
         """Pass ``pass_index``'s rows (the last few passes are kept)."""
@@ -102,6 +124,13 @@ class RowOrder(Strategy):
         return rows
 
 
+def strategy_setting(strategy: Strategy) -> tuple[str, str]:
+    """A packed strategy as a saved state records it: its name (``uniform(shuffle=False)`` for the identity
+    order, whose fingerprint is a shuffled Uniform's) and its fingerprint."""
+    name = "uniform(shuffle=False)" if isinstance(strategy, Uniform) and not strategy.shuffle else strategy.name
+    return name, strategy.fingerprint()
+
+
 def _rows_themselves(positions: np.ndarray) -> np.ndarray:
     return positions
 
@@ -111,11 +140,17 @@ class PassRows:
 
     def __init__(self, order: RowOrder, pass_index: int) -> None:
         self._order = order
-        self._windows = PassWindows(len(order.lengths), order.window, order.seed, pass_index)
+        length, draws = order.draws(pass_index)
+        self._windows = PassWindows(length, order.window, order.seed, pass_index, draws)
         if order.split:
             self._built: WindowCache[Any] = WindowCache(self._concat_window)
-            self.starts = WindowStarts(self._windows.count, lambda index: self._built(index)[2][-1])
-            self.starts.remember(self._windows.count, order.tokens)
+            if draws is None:
+                self.starts = WindowStarts(self._windows.count, lambda index: self._built(index)[2][-1])
+                self.starts.remember(self._windows.count, order.tokens)
+            else:  # a strategy's pass: its tokens are a sum over its draws, every window's at once
+                self.starts = WindowStarts(
+                    self._windows.count, lambda index: self._built(index)[2][-1], self._tokens_of_every_window
+                )
         else:
             self._built = WindowCache(self._packed_window)
             self.starts = WindowStarts(
@@ -125,7 +160,14 @@ class PassRows:
     def count(self) -> int:
         """Rows in the pass."""
         if self._order.split:
-            return -(-self._order.tokens // self._order.capacity)
+            return -(-self.starts.total() // self._order.capacity)
+        return self.starts.total()
+
+    def saved_total(self) -> int | None:
+        """What a state carries so that a resume never walks the pass: its units (rows, or tokens of a
+        strategy's split pass) when only a walk over every window finds them, else ``None``."""
+        if self._order.split and self._order.drawn is None:
+            return None
         return self.starts.total()
 
     def has_row(self, row: int) -> bool:
@@ -151,7 +193,7 @@ class PassRows:
             index, start = self.starts.locate(row)
             records = self._built(index)[row - start]
             return [(record, 0, self._kept(record)) for record in records.tolist()]
-        capacity, tokens = self._order.capacity, self._order.tokens
+        capacity, tokens = self._order.capacity, self.starts.total()
         first = row * capacity
         last = min(first + capacity, tokens)
         slices: list[Slice] = []
@@ -180,6 +222,17 @@ class PassRows:
         records = self._windows.records(index)
         ends = np.cumsum(self._order.lengths[records], dtype=np.int64)
         return records.tolist(), ends, ends.tolist()
+
+    def _tokens_of_every_window(self) -> np.ndarray:
+        """Each window's tokens (a strategy's split pass), many windows at a time: O(pass) in NumPy."""
+        windows, window = self._windows, self._windows.window
+        counts = np.empty(windows.count, dtype=np.int64)
+        per_batch = max(1, _COUNTED_AT_ONCE // window)
+        for first in range(0, windows.count, per_batch):
+            last = min(first + per_batch, windows.count)
+            lengths = windows.lengths_between(self._order.lengths, first, last).astype(np.int64, copy=False)
+            counts[first:last] = np.add.reduceat(lengths, np.arange(0, len(lengths), window))
+        return counts
 
     def _rows_of_every_window(self) -> np.ndarray:
         """Each window's row count, the windows' lengths counted many windows at a time (``bin_counts``):

@@ -32,14 +32,24 @@ T = TypeVar("T")
 
 
 class PassWindows:
-    """The records of one pass's windows: a uniform shuffle cut into runs of ``window`` positions."""
+    """The records of one pass's windows: the pass's order cut into runs of ``window`` positions.
 
-    def __init__(self, size: int, window: int, seed: int, pass_index: int) -> None:
+    The order is this module's uniform shuffle of ``size`` records, or ``draws`` (a strategy's pass order,
+    positions -> records, ``size`` of its positions): a record a strategy draws twice sits in two places."""
+
+    def __init__(
+        self,
+        size: int,
+        window: int,
+        seed: int,
+        pass_index: int,
+        draws: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> None:
         self.size = size
         self.window = window
         self.count = -(-size // window)
         self.pass_seed = derive_seed(Domain.PERMUTATION, seed, _TAG, pass_index)
-        self._shuffle = FeistelPermutation(size, self.pass_seed, 0)
+        self._shuffle = FeistelPermutation(size, self.pass_seed, 0) if draws is None else draws
 
     def records(self, index: int) -> np.ndarray:
         """Window ``index``'s records, in shuffled order."""

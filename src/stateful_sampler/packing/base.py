@@ -24,9 +24,12 @@ from typing import Any
 from stateful_sampler.checks import check_int
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.keys import SampleKey
+from stateful_sampler.order.grouped import Grouped
 from stateful_sampler.order.layout import MAX_EPOCH
+from stateful_sampler.order.length_grouped import LengthGrouped
 from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
-from stateful_sampler.order.rows import PassRows, RowOrder
+from stateful_sampler.order.rows import PassRows, RowOrder, strategy_setting
+from stateful_sampler.order.strategy import Strategy, Uniform
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.state import SamplerState
 
@@ -40,6 +43,31 @@ _FIELDS = {
 _IDENTITY = ("size", "seed", "strategy", "strategy_fingerprint")
 
 DEFAULT_WINDOW = 4096  # shuffle positions per window: the unit of packing and of a resume's cost
+# What a state saved before strategies could be packed (no such settings) was packed over.
+_UNIFORM_SETTINGS = dict(zip(("strategy", "strategy_fingerprint"), strategy_setting(Uniform())))
+
+
+def packed_strategy(strategy: Any, size: int) -> Strategy | None:
+    """The strategy whose draws are packed, checked against the ``size`` lengths (``None``: the default uniform
+    shuffle, whose rows are those of every release before ``strategy=``)."""
+    if strategy is None:
+        return None
+    if not isinstance(strategy, Strategy) or isinstance(strategy, RowOrder):
+        raise TypeError(
+            f"strategy must be a Strategy such as Uniform(), Weighted(...) or Mixture(...), got {type(strategy).__name__}"
+        )
+    if isinstance(strategy, (Grouped, LengthGrouped)):
+        raise TypeError(
+            f"strategy={strategy!r} groups records into batches (with repeats that only even out ranks): packing "
+            f"makes its own rows, so pack over the order itself (Uniform, Weighted, Mixture, Curriculum, Stratified)"
+        )
+    try:
+        strategy.check(size)
+    except ValueError as error:
+        raise ValueError(f"strategy={strategy!r} does not order the {size} records of lengths: {error}") from None
+    if isinstance(strategy, Uniform) and strategy.shuffle:
+        return None
+    return strategy
 
 
 def row_order(
@@ -54,6 +82,7 @@ def row_order(
     split: bool = False,
     padded: bool = False,
     truncate: bool = False,
+    strategy: Any = None,
 ) -> RowOrder:
     """The ``RowOrder`` a row sampler is built on, from its arguments, checked in this order: the lengths, the
     budget (``budget_name``: ``seq_len`` or ``max_tokens``), a record longer than the budget (refused with the
@@ -64,6 +93,7 @@ def row_order(
     capacity = check_int(budget_name, budget, minimum=1, maximum=MAX_TOKENS)
     if longer is not None:
         refuse_longer(array, capacity, budget_name, longer)
+    drawn = packed_strategy(strategy, len(array))
     return RowOrder(
         array,
         capacity,
@@ -73,6 +103,7 @@ def row_order(
         padded=padded,
         truncate=truncate,
         name=name,
+        strategy=drawn,
     )
 
 
@@ -190,8 +221,23 @@ class RowSampler(StatefulSampler):
         saved = packing.get("settings")
         if not isinstance(saved, Mapping):
             return
-        for name, value in self._settings().items():
-            if name in saved and saved[name] != value:
+        mine = self._settings()
+        for name, value in {**_UNIFORM_SETTINGS, **mine}.items():
+            if name in _UNIFORM_SETTINGS:
+                before = saved.get(name, _UNIFORM_SETTINGS[name])
+            elif name in saved:
+                before = saved[name]
+            else:
+                continue
+            if before != value:
+                if name in _UNIFORM_SETTINGS:
+                    reason = (
+                        f"the saved run's rows were packed over the strategy {saved.get('strategy', 'uniform')!r} "
+                        f"(fingerprint {before if name == 'strategy_fingerprint' else saved.get(name)}): build the "
+                        f"sampler with the strategy it was saved with (another strategy, or other settings of it, "
+                        f"draws other records)"
+                    )
+                    raise IncompatibleStateError(f"packing.settings.{name}", before, value, reason)
                 if name == "lengths":
                     reason = (
                         f"the lengths are not the saved run's ({saved_size} records saved, {self.size} here; "
@@ -202,13 +248,13 @@ class RowSampler(StatefulSampler):
                         f"the saved run's rows were packed with {name}={saved[name]!r}: build the sampler with "
                         f"{name}={saved[name]!r} to resume it (another {name} is another order)"
                     )
-                raise IncompatibleStateError(f"packing.settings.{name}", saved[name], value, reason)
+                raise IncompatibleStateError(f"packing.settings.{name}", before, value, reason)
 
     def _anchor(self, state: Mapping[str, Any]) -> dict[str, Any]:
         pass_index, row = self._row_at(state)
         rows = self.strategy.rows(pass_index)
         window, start = rows.anchor(row)
-        count = None if self.strategy.split else rows.count()
+        count = rows.saved_total()
         anchor: dict[str, Any] = {"version": PACKING_VERSION, "pass": pass_index, "window": window, "start": start}
         anchor["rows"] = count
         anchor["settings"] = self._settings()
@@ -223,6 +269,11 @@ class RowSampler(StatefulSampler):
         if not self.strategy.split:
             return epoch, offset % length
         return epoch + offset // length, offset % length
+
+    def _strategy_settings(self) -> dict[str, Any]:
+        """The packed strategy's settings: none for the default uniform shuffle (its states are as before)."""
+        drawn = self.strategy.drawn
+        return {} if drawn is None else dict(zip(("strategy", "strategy_fingerprint"), strategy_setting(drawn)))
 
     def _check_word(self) -> str:
         return f"{self.strategy.fingerprint()}|{self.seed}|{self.size}"

@@ -31,6 +31,10 @@ class TokenBudgetBatches(RowSampler):
             padding-free attention).
         window: shuffle positions per window; batches are packed inside one window.
         yield_keys: batches of ``SampleKey`` s (for ``KeyedDataset``) instead of indices.
+        strategy: the order whose draws are packed (``Uniform()`` by default: the rows of earlier releases;
+            ``Weighted``, ``Mixture``, ``Curriculum``, ``Stratified`` ...): epoch e packs
+            ``strategy``'s pass e as a ``StatefulSampler`` with the same seed reads it; a record drawn twice
+            is packed twice.
         seed, num_replicas, rank, tail: as ``StatefulSampler``.
 
     Example:
@@ -53,6 +57,7 @@ class TokenBudgetBatches(RowSampler):
         rank: int | None = None,
         tail: str = "pad",
         yield_keys: bool = False,
+        strategy: Any = None,
     ) -> None:
         self.padded = check_bool("padded", padded)
         self.keyed = check_bool("yield_keys", yield_keys)
@@ -65,6 +70,7 @@ class TokenBudgetBatches(RowSampler):
             name="token-budget",
             longer="every batch holds whole records: raise max_tokens",
             padded=self.padded,
+            strategy=strategy,
         )
         self.max_tokens = order.capacity
         # one item is one batch: ResumableLoader counts batches as items
@@ -77,6 +83,7 @@ class TokenBudgetBatches(RowSampler):
             "padded": self.padded,
             "window": order.window,
             "lengths": order.digest[:16],
+            **self._strategy_settings(),
         }
 
     def _item(self, key: SampleKey) -> Batch:

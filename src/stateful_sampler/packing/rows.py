@@ -32,6 +32,10 @@ class PackedRows(RowSampler):
         window: shuffle positions per window (the unit of packing and of resume cost).
         truncate: with ``split_records=False``, keep the first ``seq_len`` tokens of a longer record
             instead of refusing it.
+        strategy: the order whose draws are packed (``Uniform()`` by default: the rows of earlier releases;
+            ``Weighted``, ``Mixture``, ``Curriculum``, ``Stratified`` ...): epoch e packs
+            ``strategy``'s pass e as a ``StatefulSampler`` with the same seed reads it; a record drawn twice
+            is packed twice.
         seed, num_replicas, rank, tail, batch_size: as ``StatefulSampler`` (``batch_size``: rows per
             batch, needed by ``ResumableLoader``).
 
@@ -55,6 +59,7 @@ class PackedRows(RowSampler):
         tail: str = "pad",
         batch_size: int | None = None,
         truncate: bool = False,
+        strategy: Any = None,
     ) -> None:
         self.split_records = check_bool("split_records", split_records)
         check_bool("truncate", truncate)
@@ -70,6 +75,7 @@ class PackedRows(RowSampler):
             longer=None if split_records or truncate else "pass truncate=True to keep its first seq_len tokens",
             split=split_records,
             truncate=truncate,
+            strategy=strategy,
         )
         self.seq_len = order.capacity
         super().__init__(order, num_replicas=num_replicas, rank=rank, tail=tail, batch_size=batch_size)
@@ -82,6 +88,7 @@ class PackedRows(RowSampler):
             "window": order.window,
             "truncate": order.truncate,
             "lengths": order.digest[:16],
+            **self._strategy_settings(),
         }
 
     def _item(self, key: SampleKey) -> RowPlan:
