@@ -39,7 +39,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from stateful_sampler.seeding.generators import SampleRNG
+from stateful_sampler import SampleRNG
 from stateful_sampler.stream import SeededTransform, ShardCache, ShardedStream, TarReader
 
 RECORDS, SHARDS, CLASSES, SIZE, CROP = 320, 8, 4, 20, 16
