@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from stateful_sampler.testing import assert_resume_equal
-from stateful_sampler.verify.cli import EXIT_EQUAL, EXIT_RUN_FAILED, main
+from stateful_sampler.verify.cli import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
 from stateful_sampler.verify.process_tree import descendants, kill_tree
-from stateful_sampler.verify.resume_check import check_resume
+from stateful_sampler.verify.recorder import BatchRecord, RunRecord
+from stateful_sampler.verify.resume_check import check_resume, draw_kill_steps
 
 SCRIPT = str(Path(__file__).with_name("verify_command_script.py"))
 COMMAND = [sys.executable, SCRIPT, "--root", "{run_dir}"]
@@ -183,3 +184,69 @@ def test_verify_refuses_a_command_line_it_cannot_run(
 def test_assert_resume_equal_refuses_a_command_that_is_not_a_list_of_str() -> None:
     with pytest.raises(TypeError, match=r"^command must be a non-empty list of str, got \['python', 3\]$"):
         assert_resume_equal(["python", 3])  # type: ignore[list-item]
+
+
+# --kills 3 with --kill-seed 0 on verify_command_script.py: steps drawn in epoch 1 (12 steps there, all
+# after the first checkpoint), each resumed from the checkpoint every 5 steps left.
+KILLS, KILL_STEPS, RESUMED_FROMS = 3, "12, 18, 23", "10, 15, 20"
+
+
+@pytest.mark.slow
+def test_verify_kills_three_times_and_each_resume_is_equal(
+    tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture
+) -> None:
+    arguments = ["--kills", str(KILLS), "--work-dir", str(tmp_path / "work"), "--", *COMMAND]
+    assert main(arguments) == EXIT_EQUAL
+    captured = capsys.readouterr()
+    assert f"{KILLS} kills, at steps {KILL_STEPS} (--kill-seed 0)\n" in captured.err
+    assert (
+        f"killed {KILLS} times, after steps {KILL_STEPS}; resumed each time from the last checkpoint, "
+        f"at steps {RESUMED_FROMS}\n"
+    ) in captured.out
+    assert f"identical to the uninterrupted run's: {STEPS}\n" in captured.out
+    assert "EQUAL: " in captured.out
+    for number in (1, 2, 3):  # every kill was a real SIGKILL of a run started for it
+        assert (tmp_path / "work" / "crash" / f"killed{number}.log").is_file()
+
+
+@pytest.mark.slow
+def test_verify_kills_three_times_catches_a_resume_that_forgets_the_loader(
+    one_thread: None, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["--kills", str(KILLS), "--", *COMMAND, "--forget-loader"]) == EXIT_DIVERGED
+    out = capsys.readouterr().out
+    assert (
+        "DIVERGED: first divergence at step 10, where the run killed after step 12 resumes: the resumed run "
+        "started from the beginning (epoch 0, batch 0), not at the last checkpoint (step 10): the loader's "
+        "state was not restored."
+    ) in out
+    assert "DIVERGED: final weight 'weight' differs" in out
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--kills", "0"], "kills (--kills) must be at least 1, got 0"),
+        (["--kills", "-2"], "kills (--kills) must be at least 1, got -2"),
+        (
+            ["--kills", "2", "--kill-at", "8"],
+            "kill_at (--kill-at) is for one kill; with kills (--kills) 2 the steps are drawn",
+        ),
+        (["--kills", "2", "--kill-seed", "-1"], "kill_seed (--kill-seed) must be at least 0, got -1"),
+    ],
+    ids=["zero", "negative", "with-kill-at", "seed"],
+)
+def test_verify_refuses_a_kill_count_before_running(
+    arguments: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main([*arguments, "--", sys.executable, SCRIPT]) == EXIT_RUN_FAILED
+    assert capsys.readouterr().err == f"verify could not complete: {message}\n"
+
+
+def test_more_kills_than_steps_of_one_epoch_are_refused_naming_the_range() -> None:
+    reference = RunRecord([BatchRecord(0, step // 4, step % 4, step, "f", None) for step in range(8)], [2], None)
+    assert draw_kill_steps(reference, 8, 2, 4, seed=0) == [4, 5, 6, 7]  # epoch 1: all 4 steps after step 2
+    assert draw_kill_steps(reference, 8, 2, 2, seed=5) == draw_kill_steps(reference, 8, 2, 2, seed=5)
+    with pytest.raises(ValueError, match=r"^kills \(--kills\) must be between 1 and 4: the steps of one epoch "
+                       r"at or after the first checkpoint \(step 2\) that the run reaches, got 5$"):  # fmt: skip
+        draw_kill_steps(reference, 8, 2, 5, seed=0)

@@ -44,6 +44,7 @@ EPILOG = """\
 examples:
   stateful-sampler verify --config my_config.yaml
   stateful-sampler verify --kill-at 25 -- python train.py --root {run_dir}
+  stateful-sampler verify --kills 3 -- python train.py --root {run_dir}
   stateful-sampler verify --devices 2 -- torchrun --nproc-per-node {devices} train.py --root {run_dir}
 
 --config: a LightningCLI config with ModelCheckpoint(every_n_train_steps=N, save_last=True);
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="stateful-sampler verify",
         usage="%(prog)s (--config CONFIG | -- COMMAND ...) [--kill-at STEP] [--devices N] [--timeout S] "
-        "[--work-dir D] [--json]",
+        "[--kills N] [--kill-seed S] [--work-dir D] [--json]",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -77,6 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="a LightningCLI YAML config for fit")
     parser.add_argument(
         "--kill-at", type=int, metavar="STEP", help="steps done when the run is killed (default: mid-run)"
+    )
+    parser.add_argument(
+        "--kills",
+        type=int,
+        default=1,
+        metavar="N",
+        help="kill the run at N random steps of one epoch, each time resuming from its last checkpoint (default: 1)",
+    )
+    parser.add_argument(
+        "--kill-seed", type=int, default=0, metavar="S", help="seed of the --kills steps' draw (default: 0)"
     )
     parser.add_argument(
         "--devices", type=int, metavar="N", help="override trainer.devices (e.g. 2 for CPU DDP), or fill {devices}"
@@ -100,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             report = check_resume(
                 args.config if command is None else command,
                 kill_at=args.kill_at,
+                kills=args.kills,
+                kill_seed=args.kill_seed,
                 devices=args.devices,
                 timeout=args.timeout,
                 work_dir=args.work_dir,
@@ -164,8 +177,14 @@ def _stop_signals_exit() -> Iterator[None]:
 def format_report(report: ResumeReport) -> str:
     steps = report.batches_compared // max(report.ranks, 1)
     other = report.batches_compared - report.identical_batches
+    killed = (
+        f"killed after step {report.kill_at}; resumed from the checkpoint at step {report.resumed_from}"
+        if len(report.kill_steps) < 2
+        else f"killed {len(report.kill_steps)} times, after steps {', '.join(map(str, report.kill_steps))}; "
+        f"resumed each time from the last checkpoint, at steps {', '.join(map(str, report.resumed_froms))}"
+    )
     lines = [
-        f"killed after step {report.kill_at}; resumed from the checkpoint at step {report.resumed_from}",
+        killed,
         (
             f"batches compared: {report.batches_compared} ({steps} steps x {report.ranks} rank(s)), "
             f"identical to the uninterrupted run's: {report.identical_batches}"
@@ -193,6 +212,8 @@ def report_json(report: ResumeReport) -> dict[str, Any]:
         "verdict": "equal" if report.equal else "diverged",
         "exit_code": EXIT_EQUAL if report.equal else EXIT_DIVERGED,
         "kill_at": report.kill_at,
+        "kill_steps": list(report.kill_steps) or [report.kill_at],
+        "resumed_froms": list(report.resumed_froms),
         "resumed_from": report.resumed_from,
         "batches_compared": report.batches_compared,
         "identical_batches": report.identical_batches,

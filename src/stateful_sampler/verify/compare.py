@@ -27,6 +27,8 @@ class ResumeReport:
     reference: RunRecord
     killed: RunRecord
     resumed: RunRecord
+    kill_steps: tuple[int, ...] = ()  # with several kills (``--kills N``): each, in order
+    resumed_froms: tuple[int, ...] = ()  # the step each resumed process started at
 
     @property
     def equal(self) -> bool:
@@ -80,7 +82,7 @@ def compare_runs(
             (key, f"{_where(expected[key])}: neither the killed nor the resumed run trained on this batch")
         )
     resumed_from = max(killed.checkpoint_steps, default=None)
-    start_problem = _start_problem(resumed, resumed_from, kill_at, not_resumed)
+    start_problem = start_problem_of(resumed, resumed_from, kill_at, not_resumed)
     if start_problem is not None:
         differences.append(((-1, -1, -1), start_problem))
     weight_divergence = _weight_divergence(reference, resumed)
@@ -121,7 +123,8 @@ def _mismatch(run_name: str, want: BatchRecord, got: BatchRecord) -> str:
     return "\n".join(lines)
 
 
-def _start_problem(resumed: RunRecord, resumed_from: int | None, kill_at: int, not_resumed: str) -> str | None:
+def start_problem_of(resumed: RunRecord, resumed_from: int | None, kill_at: int, not_resumed: str) -> str | None:
+    """Why a run resumed after a kill at ``kill_at`` did not start at the last checkpoint; None if it did."""
     if resumed_from is None:
         return f"the killed run wrote no checkpoint before step {kill_at}: kill later or checkpoint more often"
     if not resumed.batches:

@@ -31,6 +31,9 @@ from stateful_sampler.verify.fingerprint import batch_fingerprint, batch_indices
 
 RECORD_ENV = "STATEFUL_SAMPLER_RECORD"  # path prefix of the run's record files
 PAUSE_AT_ENV = "STATEFUL_SAMPLER_PAUSE_AT"  # step at whose next batch the run waits to be killed
+# "EPOCH:BATCH": the place in training at which the run waits to be killed; a resumed process counts
+# its steps from 0 under some hooks and from the checkpoint under others, its places are the same.
+PAUSE_AT_PLACE_ENV = "STATEFUL_SAMPLER_PAUSE_AT_PLACE"
 NOTIFY_ENV = "STATEFUL_SAMPLER_NOTIFY"  # FIFO on which a paused rank says so
 PAUSE_LIMIT_SECONDS = 600  # a paused run nobody kills exits with an error instead of hanging forever
 
@@ -103,9 +106,16 @@ def claim_recorder() -> Recorder | None:
 class Recorder:
     """Writes one run's records: each rank appends to its own file, rank 0 writes the weights."""
 
-    def __init__(self, prefix: Path, pause_at: int | None = None, notify: Path | None = None) -> None:
+    def __init__(
+        self,
+        prefix: Path,
+        pause_at: int | None = None,
+        notify: Path | None = None,
+        pause_at_place: tuple[int, int] | None = None,
+    ) -> None:
         self.prefix = prefix
         self.pause_at = pause_at
+        self.pause_at_place = pause_at_place
         self.notify = notify
         self._files: dict[int, IO[str]] = {}
 
@@ -113,11 +123,20 @@ class Recorder:
     def from_environment(cls) -> Recorder:
         pause_at = os.environ.get(PAUSE_AT_ENV)
         notify = os.environ.get(NOTIFY_ENV)
-        return cls(Path(os.environ[RECORD_ENV]), int(pause_at) if pause_at else None, Path(notify) if notify else None)
+        place = os.environ.get(PAUSE_AT_PLACE_ENV)
+        epoch, _, batch_idx = place.partition(":") if place else ("", "", "")
+        return cls(
+            Path(os.environ[RECORD_ENV]),
+            int(pause_at) if pause_at else None,
+            Path(notify) if notify else None,
+            (int(epoch), int(batch_idx)) if place else None,
+        )
 
     def batch(self, batch: Any, *, rank: int, world_size: int, epoch: int, batch_idx: int, step: int) -> None:
         """Record a batch as the loop receives it; first wait to be killed if the run pauses at ``step``."""
-        if self.pause_at is not None and step >= self.pause_at:
+        if (self.pause_at is not None and step >= self.pause_at) or (
+            self.pause_at_place is not None and (epoch, batch_idx) >= self.pause_at_place
+        ):
             self.wait_to_be_killed(rank, world_size)
         record = BatchRecord(
             rank, epoch, batch_idx, step, batch_fingerprint(batch), batch_indices(batch), rng_fingerprints()
@@ -142,17 +161,22 @@ class Recorder:
 
     def wait_to_be_killed(self, rank: int, world_size: int) -> None:
         if self.notify is None:
-            raise ValueError(f"{PAUSE_AT_ENV} is set but {NOTIFY_ENV} is not: a paused run must tell its parent")
+            raise ValueError(
+                f"{PAUSE_AT_ENV} or {PAUSE_AT_PLACE_ENV} is set but {NOTIFY_ENV} is not: a paused run must tell its parent"
+            )
         try:  # non-blocking: with no parent reading, a blocking open would wait forever
             fifo = os.open(self.notify, os.O_WRONLY | os.O_NONBLOCK)
         except OSError as error:
             if error.errno != errno.ENXIO:
                 raise
-            print(f"paused at step {self.pause_at}, but no process reads {self.notify}: its parent is gone",
+            print(f"paused at step {self.pause_at or self.pause_at_place}, but no process reads {self.notify}: its parent is gone",
                   file=sys.stderr)  # fmt: skip
             os._exit(3)
         os.write(fifo, f"{rank} {world_size}\n".encode())  # one short write: atomic
         os.close(fifo)
         threading.Event().wait(PAUSE_LIMIT_SECONDS)
-        print(f"paused at step {self.pause_at} and not killed within {PAUSE_LIMIT_SECONDS} s", file=sys.stderr)
+        print(
+            f"paused at step {self.pause_at or self.pause_at_place} and not killed within {PAUSE_LIMIT_SECONDS} s",
+            file=sys.stderr,
+        )
         os._exit(3)

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from stateful_sampler.checks import check_int
-from stateful_sampler.verify.compare import ResumeReport, compare_runs
+from stateful_sampler.verify.compare import ResumeReport, compare_runs, start_problem_of
 from stateful_sampler.verify.errors import TrainingRunError
 from stateful_sampler.verify.recorder import BatchRecord, RunRecord, read_run
 from stateful_sampler.verify.runner import Launch, RunEndedEarly, run_and_kill, run_training
@@ -29,9 +31,12 @@ def check_resume(
     timeout: float = DEFAULT_TIMEOUT,
     work_dir: str | Path | None = None,
     progress: Callable[[str], None] = lambda message: None,
+    kills: int = 1,
+    kill_seed: int = 0,
 ) -> ResumeReport:
     """Compare an uninterrupted run with one killed after ``kill_at`` steps (default: mid-run, after
-    the first checkpoint) and resumed.
+    the first checkpoint) and resumed; with ``kills`` above 1, killed at that many random steps of one
+    epoch (drawn from ``kill_seed``), each time resumed from the last checkpoint it wrote.
 
     ``run`` is a LightningCLI config (a path; resumed with ``ckpt_path="last"``) or a command (a list
     of arguments, run again to resume; see ``verify.command``). ``work_dir`` keeps the runs' records,
@@ -42,12 +47,17 @@ def check_resume(
         kill_at = check_int("kill_at", kill_at, minimum=1)
     if devices is not None:
         devices = check_int("devices", devices, minimum=1)
+    kills = check_int("kills (--kills)", kills, minimum=1)
+    kill_seed = check_int("kill_seed (--kill-seed)", kill_seed, minimum=0)
+    if kills > 1 and kill_at is not None:
+        raise ValueError(f"kill_at (--kill-at) is for one kill; with kills (--kills) {kills} the steps are drawn")
     launch = _launch(run, devices, timeout, progress)
+    plan = KillPlan(kill_at, kills, kill_seed)
     if work_dir is not None:
-        return _check(launch, _check_path("work_dir", work_dir), kill_at, progress)
+        return _check(launch, _check_path("work_dir", work_dir), plan, progress)
     temporary = Path(tempfile.mkdtemp(prefix="stateful-sampler-verify-"))
     try:
-        report = _check(launch, temporary, kill_at, progress)
+        report = _check(launch, temporary, plan, progress)
     except Exception:
         if any(temporary.rglob("*.log")):  # the error names a log: it must outlive verify
             progress(f"work directory kept, with the runs' logs: {temporary}")
@@ -92,13 +102,27 @@ def _check_path(name: str, value: Any) -> Path:
     return Path(value)
 
 
-def _check(launch: Launch, work_dir: Path, kill_at: int | None, progress: Callable[[str], None]) -> ResumeReport:
+@dataclass(frozen=True)
+class KillPlan:
+    """Where the killed run dies: at ``kill_at`` (or the default step), or at ``kills`` drawn steps."""
+
+    kill_at: int | None
+    kills: int
+    seed: int
+
+
+def _check(launch: Launch, work_dir: Path, plan: KillPlan, progress: Callable[[str], None]) -> ResumeReport:
     reference_dir, crash_dir = _run_dirs(work_dir)
     progress(f"work directory: {work_dir}")
     progress("uninterrupted run ...")
     reference = run_training(launch, reference_dir, "reference", progress=progress)
     _check_contract(launch, reference, "uninterrupted", reference_dir / "reference.log")
     steps, first_saved = _kill_range(reference, launch.needs_checkpoint_records)
+    if plan.kills > 1:
+        kill_steps = draw_kill_steps(reference, steps, first_saved, plan.kills, plan.seed)
+        progress(f"{plan.kills} kills, at steps {', '.join(map(str, kill_steps))} (--kill-seed {plan.seed})")
+        return _check_kills(launch, crash_dir, reference, kill_steps, progress)
+    kill_at = plan.kill_at
     kill_at = default_kill_step(steps, first_saved) if kill_at is None else check_kill_step(steps, first_saved, kill_at)
     progress(f"run killed with SIGKILL after step {kill_at} ...")
     try:
@@ -113,6 +137,69 @@ def _check(launch: Launch, work_dir: Path, kill_at: int | None, progress: Callab
     resumed = run_training(launch, crash_dir, "resumed", resume=True, progress=progress)
     killed, resumed = launch.settle(reference, killed, resumed)
     return compare_runs(reference, killed, resumed, kill_at, not_resumed=launch.not_resumed)
+
+
+def _check_kills(
+    launch: Launch, crash_dir: Path, reference: RunRecord, kill_steps: list[int], progress: Callable[[str], None]
+) -> ResumeReport:
+    """Kill at each step in turn, each run after the first resumed from the checkpoint the one before
+    it left; then resume to the end. The steps a killed run trained on after the checkpoint its
+    successor resumed from are superseded (the final weights never learnt from them); what is left,
+    and the final run, must be the uninterrupted run's, batch by batch, and start where they should."""
+    places = {record.step: (record.epoch, record.batch_idx) for record in reference.batches if record.rank == 0}
+    progress(f"run killed with SIGKILL after step {kill_steps[0]} ...")
+    runs = [run_and_kill(launch, crash_dir, "killed1", kill_steps[0], progress=progress)]
+    _check_fresh_start(launch, reference, runs[0], "")
+    for number, step in enumerate(kill_steps[1:], 2):
+        progress(f"run resumed, killed with SIGKILL after step {step} ...")
+        name = f"killed{number}"
+        runs.append(run_and_kill(launch, crash_dir, name, step, place=places[step], resume=True, progress=progress))
+    progress("run resumed to the end ...")
+    runs.append(run_training(launch, crash_dir, "resumed", resume=True, progress=progress))
+    for index in range(1, len(runs)):
+        runs[index - 1], runs[index] = launch.settle(reference, runs[index - 1], runs[index])
+    starts = [run.batches[0].step if run.batches else None for run in runs]
+    problems = []
+    for index, step in enumerate(kill_steps[:-1]):
+        problem = start_problem_of(runs[index + 1], _resume_point(reference, runs[index], step), step,
+                                   launch.not_resumed)  # fmt: skip
+        if problem is not None:
+            resumed_at = _resume_point(reference, runs[index], step)
+            problems.append(f"step {resumed_at}, where the run killed after step {step} resumes: {problem}")
+    kept = [
+        record
+        for run, start in zip(runs[:-1], starts[1:])
+        for record in run.batches
+        if start is None or record.step < start
+    ]
+    killed = RunRecord(kept, [_resume_point(reference, runs[-2], kill_steps[-1])], None)
+    report = compare_runs(reference, killed, runs[-1], kill_steps[-1], not_resumed=launch.not_resumed)
+    froms = tuple(start for start in starts[1:] if start is not None)
+    report = replace(report, kill_steps=tuple(kill_steps), resumed_froms=froms)
+    return replace(report, first_divergence=problems[0]) if problems else report
+
+
+def _resume_point(reference: RunRecord, killed: RunRecord, kill_at: int) -> int:
+    """The last checkpoint at or before ``kill_at``: the uninterrupted run's (the same steps in every
+    run), else the killed run's own (a command whose checkpoints verify does not see: its successor's start)."""
+    saved = [step for step in reference.checkpoint_steps if step <= kill_at]
+    return max(saved) if saved else max(killed.checkpoint_steps, default=kill_at)
+
+
+def draw_kill_steps(reference: RunRecord, steps: int, first_saved: int, kills: int, seed: int) -> list[int]:
+    """``kills`` distinct steps of one epoch (the one with the most steps at or after the first
+    checkpoint), drawn reproducibly from ``seed``, in order."""
+    by_epoch: dict[int, list[int]] = {}
+    for record in reference.batches:
+        if record.rank == 0 and first_saved <= record.step < steps:
+            by_epoch.setdefault(record.epoch, []).append(record.step)
+    available = max(by_epoch.values(), key=len, default=[])
+    if kills > len(available):
+        raise ValueError(
+            f"kills (--kills) must be between 1 and {len(available)}: the steps of one epoch at or after the "
+            f"first checkpoint (step {first_saved}) that the run reaches, got {kills}"
+        )
+    return sorted(random.Random(seed).sample(sorted(available), kills))
 
 
 def _check_contract(launch: Launch, run: RunRecord, name: str, log: Path) -> None:

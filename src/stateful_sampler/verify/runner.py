@@ -29,6 +29,7 @@ from stateful_sampler.verify.process_tree import kill_tree
 from stateful_sampler.verify.recorder import (
     NOTIFY_ENV,
     PAUSE_AT_ENV,
+    PAUSE_AT_PLACE_ENV,
     RECORD_ENV,
     RunRecord,
     config_problem_path,
@@ -120,18 +121,28 @@ def run_training(
 
 
 def run_and_kill(
-    settings: Launch, run_dir: Path, name: str, kill_at: int, *, progress: Progress = lambda message: None
+    settings: Launch,
+    run_dir: Path,
+    name: str,
+    kill_at: int,
+    *,
+    place: tuple[int, int] | None = None,
+    resume: bool = False,
+    progress: Progress = lambda message: None,
 ) -> RunRecord:
-    """Train until every rank reaches the first batch after ``kill_at`` steps, then SIGKILL the run's
-    whole process tree there, mid-epoch, without any chance to save or clean up."""
+    """Train until every rank reaches the first batch after ``kill_at`` steps (or, given ``place``, the
+    batch at that (epoch, batch) place, which a resumed run reaches whatever step it counts from), then
+    SIGKILL the run's whole process tree there, mid-epoch, without any chance to save or clean up;
+    ``resume`` resumes from the run directory's checkpoint first."""
     fifo = run_dir / f"{name}.notify"
     os.mkfifo(fifo)
     # Opened read-write, so the FIFO never reports end-of-file while no rank has it open.
     notify = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
-    pause = {PAUSE_AT_ENV: str(kill_at), NOTIFY_ENV: str(fifo)}
+    where = {PAUSE_AT_ENV: str(kill_at)} if place is None else {PAUSE_AT_PLACE_ENV: f"{place[0]}:{place[1]}"}
+    pause = {**where, NOTIFY_ENV: str(fifo)}
     watch = StepWatch(run_dir / name, name, progress)
     try:
-        with _running(settings, run_dir, name, resume=False, extra_env=pause) as process:
+        with _running(settings, run_dir, name, resume=resume, extra_env=pause) as process:
             _wait_for_every_rank(process, notify, settings.timeout, run_dir, name, kill_at, watch)
             _kill(process)  # the crash: SIGKILL to every rank and DataLoader worker at once
     finally:
