@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[all,dev]"
 	touch $(STAMP)
 
-.PHONY: install demo test bench bench-full bench-venv
+.PHONY: install demo test test-fast bench bench-full bench-venv
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -23,6 +23,11 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# The inner loop: every test not marked slow (each module's unit, property and twin tests; the
+# multi-process, SIGKILL and framework-launch tests are the slow ones). .ci/run runs it first.
+test-fast: $(STAMP)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 # The stream benchmark's peers (litdata, mosaicml-streaming, HF datasets with torchdata) in a venv
 # of their own: in .venv they would replace torch 2.13.0 (docs/streaming.md, "Side by side").
