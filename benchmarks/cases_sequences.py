@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterable
 from time import perf_counter
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterable
 from time import perf_counter
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def anchor(size: int, system: str) -> dict[str, Any]:
         "torch-weighted": lambda: WeightedRandomSampler(torch.from_numpy(_weights(labels)), size),
         "torch-weighted-no-replacement": lambda: WeightedRandomSampler(
             torch.from_numpy(_weights(labels)), size, replacement=False
-        ),  # fmt: skip
+        ),
         "numpy-proportional": lambda: numpy_proportional(labels, np.random.default_rng(1)).tolist(),
         "numpy-balanced": lambda: numpy_balanced(labels, size, np.random.default_rng(1)).tolist(),
     }
@@ -83,7 +84,7 @@ def anchor(size: int, system: str) -> dict[str, Any]:
 def numpy_proportional(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """A per-epoch stratified order in plain NumPy: each class permuted, then interleaved by sorting every
     record on its class's ideal spacing (k + 1/2) / n_c (the midpoint order, no prefix guarantee)."""
-    classes, counts = np.unique(labels, return_counts=True)
+    _classes, counts = np.unique(labels, return_counts=True)
     by_class = np.argsort(labels, kind="stable")
     starts = np.cumsum(counts) - counts
     shuffled = np.concatenate([rng.permutation(by_class[s : s + n]) for s, n in zip(starts, counts)])

@@ -194,8 +194,10 @@ def plot(quality: Result, path: Path) -> None:
 
 def markdown(quality: Result) -> str:
     lines = [
-        "| k | records held | window: first-batches TV | buffer: first-batches TV | window: same-class mates | "
-        "buffer: same-class mates | window: distinct mates | buffer: distinct mates |",
+        (
+            "| k | records held | window: first-batches TV | buffer: first-batches TV | window: same-class mates | "
+            "buffer: same-class mates | window: distinct mates | buffer: distinct mates |"
+        ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in quality["rows"]:

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from statistics import median
 from time import perf_counter
-from typing import Any, Iterable
+from typing import Any
 
 BATCH = 256
 

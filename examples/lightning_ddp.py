@@ -18,9 +18,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
 from stateful_sampler import StatefulSampler
-from stateful_sampler.lightning import SamplerCheckpoint
 from stateful_sampler.demo.datamodule import DigitsDataModule
 from stateful_sampler.demo.model import DigitsClassifier
+from stateful_sampler.lightning import SamplerCheckpoint
 
 
 class ShowShard(Callback):

@@ -16,9 +16,9 @@ from pathlib import Path
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from stateful_sampler.lightning import SamplerCheckpoint
 from stateful_sampler.demo.datamodule import DigitsDataModule
 from stateful_sampler.demo.model import DigitsClassifier
+from stateful_sampler.lightning import SamplerCheckpoint
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -86,7 +86,7 @@ def train(directory: Path, kill_after: int | None) -> None:
 def run(directory: Path, kill_after: int | None = None) -> int:
     command = [sys.executable, __file__, "--run", str(directory)]
     command += ["--die-after", str(kill_after)] if kill_after else []
-    return subprocess.run(command, start_new_session=True, timeout=600).returncode
+    return subprocess.run(command, check=False, start_new_session=True, timeout=600).returncode
 
 
 def main() -> None:
