@@ -16,12 +16,12 @@ from torch.utils.data import DataLoader
 from stateful_sampler import StatefulSampler
 from stateful_sampler.audit.cli import main
 
-TESTS = Path(__file__).parent
+ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
         [sys.executable, "-m", "stateful_sampler.cli", "audit", *args],
         capture_output=True,
@@ -207,9 +207,9 @@ trainer:
   logger: false
   enable_checkpointing: false
 model:
-  class_path: tests.test_audit_cli.TinyModel
+  class_path: tests.audit.test_audit_cli.TinyModel
 data:
-  class_path: tests.test_audit_cli.AuditedData
+  class_path: tests.audit.test_audit_cli.AuditedData
   init_args:
     size: 9
     batch_size: 4
@@ -271,7 +271,7 @@ def test_a_config_that_is_not_yaml_exits_2_naming_the_problem(tmp_path, capsys):
 
 
 def test_a_config_without_a_model_exits_2_naming_the_missing_key(tmp_path, capsys):
-    without_model = CONFIG.replace("model:\n  class_path: tests.test_audit_cli.TinyModel\n", "")
+    without_model = CONFIG.replace("model:\n  class_path: tests.audit.test_audit_cli.TinyModel\n", "")
     config, message = _config_error(tmp_path, capsys, without_model)
     assert message == f"stateful-sampler audit: error: config '{config}': the following arguments are required: model"
 
@@ -279,8 +279,8 @@ def test_a_config_without_a_model_exits_2_naming_the_missing_key(tmp_path, capsy
 def test_a_config_naming_a_missing_class_exits_2_with_one_line(tmp_path, capsys):
     config, message = _config_error(tmp_path, capsys, CONFIG.replace("TinyModel", "NoSuchModel"))
     assert message == (
-        f"stateful-sampler audit: error: config '{config}': model: class_path 'tests.test_audit_cli.NoSuchModel' "
-        "cannot be used: module 'tests.test_audit_cli' has no attribute 'NoSuchModel'"
+        f"stateful-sampler audit: error: config '{config}': model: class_path 'tests.audit.test_audit_cli.NoSuchModel' "
+        "cannot be used: module 'tests.audit.test_audit_cli' has no attribute 'NoSuchModel'"
     )
 
 

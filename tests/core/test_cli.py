@@ -19,7 +19,7 @@ from stateful_sampler.cli import main
 from stateful_sampler.demo import shipped_config
 from stateful_sampler.demo.__main__ import main as demo_main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_version_is_written_once_and_the_command_prints_it(capsys):

@@ -23,7 +23,7 @@ def test_a_state_saved_on_4_ranks_resumes_on_3_processes_with_equal_steps_and_ev
     consumed = [list(sampler)[:10] for sampler in before]  # 2 batches of 5 on each rank
     state = tmp_path / "state.json"
     state.write_text(json.dumps(before[0].state_dict(consumed_batches=2)))
-    run_ranks([sys.executable, str(SCRIPT), str(tmp_path), "elastic", str(state)], 3, SCRIPT.parents[1], timeout=180)
+    run_ranks([sys.executable, str(SCRIPT), str(tmp_path), "elastic", str(state)], 3, SCRIPT.parents[2], timeout=180)
     runs = [json.loads((tmp_path / f"elastic_rank{r}.json").read_text()) for r in range(3)]
     assert [len(run) for run in runs] == [4, 4, 4]  # 60 records left: 20 a rank, 4 batches of 5
     real = [i for run in runs for step in run for i, pad in zip(step["ids"], step["padding"]) if not pad]

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from stateful_sampler import IncompatibleStateError, ResumableLoader, StatefulSampler
 from stateful_sampler.seeding.snapshot import capture_rng_states
-from tests.test_core_snapshot import version_1_states
+from tests.seeding.test_core_snapshot import version_1_states
 
 
 def make_loader(size: int = 20, batch: int = 4) -> ResumableLoader:

@@ -29,7 +29,7 @@ from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("loader_rng_ddp_run.py")
-ROOT = SCRIPT.parents[1]
+ROOT = SCRIPT.parents[2]
 
 
 def launch(out: Path, name: str, world_size: int, *flags: str, killed: bool = False) -> list[str]:

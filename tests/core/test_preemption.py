@@ -25,7 +25,7 @@ from stateful_sampler.preemption import (
     scontrol_requeue,
     slurm_job_id,
 )
-from tests.preemption_run import EPOCHS, make_loader
+from tests.core.preemption_run import EPOCHS, make_loader
 
 SCRIPT = str(Path(__file__).with_name("preemption_run.py"))
 STEPS = 10 * EPOCHS  # preemption_run.py: 10 steps an epoch
@@ -214,7 +214,7 @@ def run_preempted(
 ) -> tuple[list[list[int]], list[str], int]:
     """Start the loop, signal it right after its ``step``-th optimizer step (or its group: the
     workers get it too, as a scheduler may send it), let it go on; its trained batches, events, code."""
-    env = {**os.environ, "SLURM_JOB_ID": "4242", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "SLURM_JOB_ID": "4242", "PYTHONPATH": str(Path(__file__).parents[2])}
     env.pop("SLURM_PROCID", None)
     env.pop("SLURM_ARRAY_JOB_ID", None)
     command = [sys.executable, SCRIPT, "--state", str(tmp_path / "state.json"), "--check", check, "--handshake"]
@@ -246,7 +246,7 @@ def run_preempted(
 
 
 def run_to_the_end(tmp_path: Path) -> tuple[list[list[int]], list[str], int]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     command = [sys.executable, SCRIPT, "--state", str(tmp_path / "state.json")]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
     lines = [line.partition(" ") for line in done.stdout.splitlines()]

@@ -16,7 +16,7 @@ from stateful_sampler import StatefulSampler
 from stateful_sampler.lightning import SamplerCheckpoint
 from stateful_sampler.verify.lightning_cli.config import build_train_dataloader, load_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FRESH, RESUME = ROOT / "configs" / "digits.yaml", ROOT / "configs" / "resume.yaml"
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from stateful_sampler import StatefulSampler
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").glob("*.py"),
            *(ROOT / "benchmarks").glob("*.py")]  # fmt: skip
 

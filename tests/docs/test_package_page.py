@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 CONTRIBUTING = (ROOT / "CONTRIBUTING.md").read_text()
 PYPROJECT = (ROOT / "pyproject.toml").read_text()  # read as text: tomllib is Python 3.11+, the package 3.10+

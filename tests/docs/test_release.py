@@ -26,7 +26,7 @@ from stateful_sampler import __version__
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TORCH = "torch==2.13.0"  # the Makefile's pin: the CPU build, so pip does not resolve a CUDA one
 NAME = f"stateful_sampler-{__version__}"
 TINY_TRAINING = '''

@@ -24,7 +24,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 
 from stateful_sampler.verify.process_tree import kill_tree
 from tests.helpers import free_port
-from tests.torchrun_elastic_run import PAUSE_AT_ENV, PAUSE_LOCAL_RANK_ENV
+from tests.integrations.torchrun_elastic_run import PAUSE_AT_ENV, PAUSE_LOCAL_RANK_ENV
 
 pytestmark = [
     pytest.mark.slow,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 PAUSE_AT_ENV, PAUSE_LOCAL_RANK_ENV = "ELASTIC_TEST_PAUSE_AT", "ELASTIC_TEST_PAUSE_LOCAL_RANK"
-_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchrun_elastic.py"
+_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchrun_elastic.py"
 
 
 def _example() -> Any:

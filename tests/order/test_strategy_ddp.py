@@ -20,7 +20,7 @@ def test_two_processes_resume_balanced_draws_mid_epoch_to_the_uninterrupted_batc
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     whole.mkdir(), cut.mkdir()
     run = lambda out, name, *stop: run_ranks([sys.executable, str(SCRIPT), "stratified", str(out), name, *stop],
-                                             2, SCRIPT.parents[1], timeout=180)  # fmt: skip
+                                             2, SCRIPT.parents[2], timeout=180)  # fmt: skip
     run(whole, "whole")
     run(cut, "before", "5")  # 5 of the first epoch's steps
     run(cut, "after")

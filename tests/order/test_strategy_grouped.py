@@ -201,13 +201,13 @@ def test_two_ddp_processes_with_lanes_see_whole_groups_and_resume_exactly(tmp_pa
     """Real gloo processes in lockstep: each rank takes whole groups, in order, and a run stopped after 5 steps
     and resumed in new processes sees exactly the rest of the uninterrupted run."""
     from tests.helpers import run_ranks
-    from tests.strategy_ddp_run import GROUPS
+    from tests.order.strategy_ddp_run import GROUPS
 
     script = Path(__file__).with_name("strategy_ddp_run.py")
     uncut, cut = tmp_path / "whole", tmp_path / "cut"
     uncut.mkdir(), cut.mkdir()
     run = lambda out, *args: run_ranks([sys.executable, str(script), "grouped", str(out), *args], 2,
-                                       script.parents[1], timeout=180)  # fmt: skip
+                                       script.parents[2], timeout=180)  # fmt: skip
     run(uncut, "whole")
     run(cut, "head", "5")
     run(cut, "rest")

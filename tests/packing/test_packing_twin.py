@@ -23,7 +23,7 @@ from hypothesis.stateful import initialize
 
 from stateful_sampler import PackedRows, TokenBudgetBatches
 from stateful_sampler.packing.base import RowSampler
-from tests.test_twin_sampler import SamplerTwins
+from tests.core.test_twin_sampler import SamplerTwins
 from tests.twin_helpers import outcome
 
 EXAMPLES = int(os.environ.get("TWIN_PACKING_EXAMPLES", "300"))

@@ -21,7 +21,7 @@ from hypothesis.stateful import initialize
 from torch.utils.data import DataLoader
 
 from stateful_sampler import PackedRows, ResumableLoader, TokenBudgetBatches
-from tests.test_twin_loader import ResumableTwins
+from tests.core.test_twin_loader import ResumableTwins
 from tests.twin_helpers import outcome, worker_variant
 
 EXAMPLES = int(os.environ.get("TWIN_PACKING_LOADER_EXAMPLES", "150"))  # without workers

@@ -26,7 +26,7 @@ from stateful_sampler.order.mixing import (
 from stateful_sampler.seeding import GLOBAL_RNGS, SampleRNG, SeededDataset, seed_globals
 from stateful_sampler.seeding import legacy_mt
 from stateful_sampler.seeding.legacy_mt import LegacyMT
-from tests.test_seeding import global_states
+from tests.seeding.test_seeding import global_states
 
 U64 = st.integers(0, 2**64 - 1)
 

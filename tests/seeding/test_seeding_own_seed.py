@@ -8,8 +8,8 @@ from torch.utils.data import DataLoader
 
 from stateful_sampler import SampleKey, StatefulSampler
 from stateful_sampler.seeding import SeededDataset
-from tests.test_seeding_batches import DrawsEverything, WithGenerators
-from tests.test_seeding_loader import Augmented
+from tests.seeding.test_seeding_batches import DrawsEverything, WithGenerators
+from tests.seeding.test_seeding_loader import Augmented
 
 SIZE = 22
 

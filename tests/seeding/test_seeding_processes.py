@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from stateful_sampler.order.mixing import worker_seed
-from tests.test_seeding import first_draws
-from tests.test_seeding_loader import SEED, SIZE, assert_same_values_per_global_position, uninterrupted
+from tests.seeding.test_seeding import first_draws
+from tests.seeding.test_seeding_loader import SEED, SIZE, assert_same_values_per_global_position, uninterrupted
 
-ROOT = Path(__file__).parent.parent  # the subprocesses import tests.test_seeding_loader from here
+ROOT = Path(__file__).parents[2]  # the subprocesses import tests.seeding.test_seeding_loader from here
 pytestmark = pytest.mark.slow
 
 SEED_WORKER_RUN = r"""
@@ -24,7 +24,7 @@ import json, random, sys
 import numpy as np, torch
 from torch.utils.data import DataLoader
 sys.path.insert(0, sys.argv[2])
-from tests.test_seeding_loader import Augmented
+from tests.seeding.test_seeding_loader import Augmented
 from stateful_sampler import StatefulSampler
 from stateful_sampler.seeding import seed_worker
 
@@ -77,8 +77,8 @@ import json, multiprocessing, os, sys
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 sys.path.insert(0, sys.argv[1])
-multiprocessing.set_forkserver_preload(["tests.test_seeding_loader"])  # workers unpickle its dataset: import it once
-from tests.test_seeding_loader import Augmented, EPOCHS, SEED, BATCH, rows_of
+multiprocessing.set_forkserver_preload(["tests.seeding.test_seeding_loader"])  # workers unpickle its dataset: import it once
+from tests.seeding.test_seeding_loader import Augmented, EPOCHS, SEED, BATCH, rows_of
 from stateful_sampler import StatefulSampler
 from stateful_sampler.seeding import SeededDataset, seed_worker
 

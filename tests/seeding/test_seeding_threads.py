@@ -15,8 +15,8 @@ from torchdata.nodes import Loader, ParallelMapper, SamplerWrapper
 
 from stateful_sampler import SampleKey, StatefulSampler
 from stateful_sampler.seeding import GlobalRNGThreadError, SampleRNG, SeededDataset
-from tests.test_seeding import global_states
-from tests.test_seeding_batches import DrawsEverything
+from tests.seeding.test_seeding import global_states
+from tests.seeding.test_seeding_batches import DrawsEverything
 
 SIZE = 200
 REFUSED = (

@@ -36,7 +36,7 @@ def main(shard_dir: str, out_dir: str, name: str, workers: int, stop_after: int,
     # Forking a worker from a rank whose gloo threads run can hang the child: start them from a fork server,
     # which imports this module (run again as each worker's __main__) once rather than each worker anew.
     context = "forkserver" if workers else None
-    multiprocessing.set_forkserver_preload(["tests.stream_ddp_run", "pyarrow.parquet"])
+    multiprocessing.set_forkserver_preload(["tests.stream.stream_ddp_run", "pyarrow.parquet"])
     loader = stream.loader(num_workers=workers, multiprocessing_context=context)
     seen: list[dict] = []
     out = Path(out_dir)

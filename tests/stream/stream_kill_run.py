@@ -1,6 +1,6 @@
 """A training loop over a ``ShardedStream`` through one integration, run as its own process by the kill tests.
 
-``python -m tests.stream_kill_run FRAMEWORK ROOT --workers N [--kill-after K] [--reader FORMAT --shards DIR]``
+``python -m tests.stream.stream_kill_run FRAMEWORK ROOT --workers N [--kill-after K] [--reader FORMAT --shards DIR]``
 (``--reader``: a format reader of tests/stream_readers.py on the shards in DIR), FRAMEWORK one of plain
 (``ResumableLoader``), fabric (``setup_dataloader`` and ``fabric.save``) or accelerate
 (``prepare_loader`` and ``accelerator.save_state``); ``verify`` is a script for ``stateful-sampler verify

@@ -1,7 +1,7 @@
 """A Lightning fit on a ``ShardedStream`` in a ``LightningDataModule``, with ``SamplerCheckpoint``: the
 README's pattern, run as its own process by ``test_stream_lightning.py``.
 
-``python -m tests.stream_lightning_run ROOT WORKERS DEVICES KILL_AT`` (KILL_AT 0: no kill). Lightning
+``python -m tests.stream.stream_lightning_run ROOT WORKERS DEVICES KILL_AT`` (KILL_AT 0: no kill). Lightning
 launches the DDP ranks itself (gloo, CPU). Every rank appends each training step's record ids to
 ROOT/rank<r>.jsonl; ``last.ckpt`` is written every 3 steps and the fit resumes from it when it exists.
 Rank 0 SIGKILLs the whole process group (every rank and DataLoader worker) after step KILL_AT.
@@ -74,7 +74,7 @@ class KillAt(Callback):
 def main(root: Path, workers: int, devices: int, kill_at: int) -> None:
     # A worker started from a fork server runs this module again as its __main__: from a server that
     # imported it (and Lightning, seconds) once, not each worker of each epoch importing Lightning anew.
-    multiprocessing.set_forkserver_preload(["tests.stream_lightning_run"])
+    multiprocessing.set_forkserver_preload(["tests.stream.stream_lightning_run"])
     checkpoint = ModelCheckpoint(root, every_n_train_steps=3, save_top_k=-1, save_last=True)
     callbacks: list[Callback] = [SamplerCheckpoint(), checkpoint] + ([KillAt(kill_at)] if kill_at else [])
     trainer = Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",

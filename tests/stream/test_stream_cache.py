@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from stateful_sampler.stream import ParquetReader, ShardCache, ShardedStream
-from tests.test_stream_remote import write_parquet
+from tests.stream.test_stream_remote import write_parquet
 
 
 def shards(tmp_path: Path, count: int = 6, rows: int = 20) -> list[str]:

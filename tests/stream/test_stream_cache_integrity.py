@@ -12,8 +12,8 @@ import pytest
 
 from stateful_sampler.stream import ParquetReader, ShardCache, ShardedStream, ShardReadError
 from stateful_sampler.stream import cache as cache_module
-from tests.test_stream_cache import fetched, shards
-from tests.test_stream_remote import write_parquet
+from tests.stream.test_stream_cache import fetched, shards
+from tests.stream.test_stream_remote import write_parquet
 
 KWARGS = {"batch_size": 4, "window": 2, "seed": 3}
 OTHER = [3 * x for x in range(20)]  # other records, encoded in as many bytes as shard 0's

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stateful_sampler.stream import ParquetReader, ShardCache
-from tests.test_stream_cache import cached, fetched, shards
+from tests.stream.test_stream_cache import cached, fetched, shards
 
 UNKNOWABLE = 2**22 + 12345  # above this machine's pid_max: no process here has it, as for another namespace's
 

@@ -14,7 +14,7 @@ import pytest
 from stateful_sampler.stream import ParquetReader, ShardCache, ShardedStream, ShardReadError
 from tests.s3_requests import node_start
 from tests.s3_server import s3_server
-from tests.test_stream_remote import write_parquet
+from tests.stream.test_stream_remote import write_parquet
 
 KWARGS = {"batch_size": 4, "window": 2, "seed": 3}
 

@@ -24,7 +24,7 @@ COUNTS = [11, 7, 0, 13, 9, 4, 12]  # 56 records: 28 a rank on 2 ranks, batches o
 def launch(shard_dir: Path, out: Path, name: str, world_size: int, workers: int, stop_after: int = 0,
            state: str = "") -> list[list[dict]]:  # fmt: skip
     args = [sys.executable, str(SCRIPT), str(shard_dir), str(out), name, str(workers), str(stop_after), state]
-    run_ranks(args, world_size, SCRIPT.parents[1], timeout=120)  # a rank left waiting in all_reduce fails here
+    run_ranks(args, world_size, SCRIPT.parents[2], timeout=120)  # a rank left waiting in all_reduce fails here
     return [json.loads((out / f"{name}_rank{rank}.json").read_text()) for rank in range(world_size)]
 
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from stateful_sampler.loader import ResumableLoader
 from tests.stream_helpers import make_stream
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def ids(batches) -> list[list[str]]:
@@ -49,7 +49,7 @@ def test_resumable_loader_refuses_a_dataloader_batch_size_that_contradicts_the_s
 
 def run(framework: str, root: Path, workers: int, kill_after: int | None = None) -> int:
     # as a module from the repository root: run as a file, tests/ would shadow the lightning package
-    command = [sys.executable, "-m", "tests.stream_kill_run", framework, str(root), "--workers", str(workers)]
+    command = [sys.executable, "-m", "tests.stream.stream_kill_run", framework, str(root), "--workers", str(workers)]
     if kill_after is not None:
         command += ["--kill-after", str(kill_after)]
     return subprocess.run(command, cwd=ROOT, timeout=300, capture_output=True, check=False).returncode
@@ -81,7 +81,7 @@ def test_verify_of_a_command_training_on_a_stream_says_equal(tmp_path: Path, mon
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    command = [sys.executable, "-m", "tests.stream_kill_run", "verify", "{run_dir}"]
+    command = [sys.executable, "-m", "tests.stream.stream_kill_run", "verify", "{run_dir}"]
     assert main(["--kill-at", "13", "--work-dir", str(tmp_path / "work"), "--", *command]) == EXIT_EQUAL
     out = capsys.readouterr().out
     assert "killed after step 13; resumed from the checkpoint at step 10\n" in out

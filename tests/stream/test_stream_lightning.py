@@ -17,12 +17,12 @@ pytest.importorskip("lightning.pytorch")
 
 from tests.helpers import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch(root: Path, workers: int, devices: int, kill_at: int = 0) -> int:
     """The fit as its own process group (Lightning starts rank 1 in it), killed whole on a hang."""
-    command = [sys.executable, "-m", "tests.stream_lightning_run", str(root), str(workers), str(devices), str(kill_at)]
+    command = [sys.executable, "-m", "tests.stream.stream_lightning_run", str(root), str(workers), str(devices), str(kill_at)]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": free_port()}
     process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)  # fmt: skip
@@ -66,7 +66,7 @@ def test_lightning_on_a_stream_stopped_by_max_steps_resumes_exactly_in_process(t
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from stateful_sampler.lightning import SamplerCheckpoint
-    from tests.stream_lightning_run import Recording, StreamData
+    from tests.stream.stream_lightning_run import Recording, StreamData
 
     def fit(root: Path, max_steps: int, ckpt_path: str | None = None) -> None:
         trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, max_steps=max_steps, logger=False,
@@ -93,7 +93,7 @@ def test_lightning_on_a_plain_dataloader_over_a_stream_stops_with_the_streams_er
 
     from stateful_sampler.lightning import SamplerCheckpoint
     from stateful_sampler.stream import StreamSetupError
-    from tests.stream_lightning_run import Recording, StreamData
+    from tests.stream.stream_lightning_run import Recording, StreamData
 
     class PlainLoader(StreamData):
         def train_dataloader(self) -> DataLoader:
@@ -114,7 +114,7 @@ def test_lightning_resuming_a_stream_without_sampler_checkpoint_is_refused(tmp_p
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from stateful_sampler.stream import StreamSetupError
-    from tests.stream_lightning_run import Recording, StreamData
+    from tests.stream.stream_lightning_run import Recording, StreamData
 
     def fit(max_steps: int, ckpt_path: str | None = None) -> None:
         trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, max_steps=max_steps, logger=False,

@@ -23,7 +23,7 @@ from stateful_sampler.stream import ShardCache, ShardedStream, ShardReadError
 from tests.stream_helpers import loop_batches
 from tests.stream_readers import FORMATS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = list(FORMATS)
 
 
@@ -144,7 +144,7 @@ def test_a_truncated_or_corrupt_shard_is_named_in_a_shard_read_error(name: str, 
 
 
 def run(root: Path, shards: Path, name: str, workers: int, kill_after: int | None = None) -> int:
-    command = [sys.executable, "-m", "tests.stream_kill_run", "plain", str(root), "--workers", str(workers),
+    command = [sys.executable, "-m", "tests.stream.stream_kill_run", "plain", str(root), "--workers", str(workers),
                "--reader", name, "--shards", str(shards)]  # fmt: skip
     if kill_after is not None:
         command += ["--kill-after", str(kill_after)]

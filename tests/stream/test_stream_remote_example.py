@@ -13,7 +13,7 @@ import pytest
 
 from tests.s3_server import s3_server
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -104,7 +104,7 @@ def test_verify_kills_every_torchrun_rank_and_worker_and_the_resumed_ddp_run_is_
 def test_a_lightning_script_is_recorded_by_sampler_checkpoint_without_an_edit(tmp_path: Path, one_thread: None) -> None:
     # examples/lightning_train.py calls no record_weights: SamplerCheckpoint records batches,
     # checkpoints (every 20 steps) and the final weights when verify runs it.
-    example = str(Path(__file__).parents[1] / "examples" / "lightning_train.py")
+    example = str(Path(__file__).parents[2] / "examples" / "lightning_train.py")
     command = [sys.executable, example, "--root", "{run_dir}", "--max-epochs", "1", "--num-workers", "0"]
     report = check_resume(command, kill_at=25, work_dir=tmp_path)
     assert report.equal, report.first_divergence
