@@ -59,7 +59,7 @@ def test_each_step_counts_the_batches_of_all_ranks_against_the_labels_distributi
 
 
 def test_proportional_stratification_keeps_every_batch_closer_to_the_whole_than_a_uniform_shuffle() -> None:
-    common = dict(num_replicas=2, rank=0, batch_size=5, seed=3)
+    common = {"num_replicas": 2, "rank": 0, "batch_size": 5, "seed": 3}
     uniform = audit(StatefulSampler(100, **common), labels=IMBALANCED, epochs=3)
     stratified = audit(StatefulSampler(100, strategy=Stratified(IMBALANCED), **common), labels=IMBALANCED, epochs=3)
     # Prefix bound: each batch of 10 holds 9 or 10 of class 0 (target 9.5), so at most 0.05 off.
@@ -128,19 +128,19 @@ def test_the_command_line_audits_a_strategy_from_label_files_with_composition_an
         (
             ["--strategy", "grouped", "--batch-size", "2", "--size", "4"],
             "--strategy grouped needs --labels FILE.npy (its groups, one per record)",
-        ),  # fmt: skip
+        ),
         (
             ["--strategy", "weighted", "--labels", "{labels}", "--batch-size", "2"],
             "--strategy weighted needs --weights FILE.npy (one weight per record)",
-        ),  # fmt: skip
+        ),
         (
             ["--weights", "{labels}", "--batch-size", "2", "--size", "100"],
             "--weights applies to --strategy weighted only, not uniform",
-        ),  # fmt: skip
+        ),
         (
             ["--labels", "{labels}", "--size", "99", "--batch-size", "2"],
             "--labels must have one entry per record: length 99, got 100",
-        ),  # fmt: skip
+        ),
         (["--labels", str(Path("missing.npy")), "--batch-size", "2"], "--labels: no such file: missing.npy"),
     ],
 )

@@ -189,8 +189,10 @@ def test_past_the_pair_limit_a_stated_sample_of_records_is_measured_each_exactly
     pairs = 3 * 2 * 6 * 25
     assert report.batch_mates.records_measured == 60 * 500 // pairs and not report.batch_mates.exact
     assert report.limits == (
-        f"batch-mate diversity measured exactly on a uniform sample of {60 * 500 // pairs} of 60 records: "
-        f"all records would take {pairs} (record, batch mate) pairs, more than the limit of 500",
+        (
+            f"batch-mate diversity measured exactly on a uniform sample of {60 * 500 // pairs} of 60 records: "
+            f"all records would take {pairs} (record, batch mate) pairs, more than the limit of 500"
+        ),
     )
     batches = [b for epoch in range(3) for b in brute_force_epoch(run, epoch)["batches"]]
     expected = brute_force_mates(60, batches)

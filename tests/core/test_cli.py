@@ -34,9 +34,9 @@ def test_version_is_written_once_and_the_command_prints_it(capsys):
 
 def test_python_m_stateful_sampler_is_the_command():
     result = subprocess.run([sys.executable, "-m", "stateful_sampler", "--version"],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert (result.returncode, result.stdout, result.stderr) == (0, f"stateful-sampler {__version__}\n", "")
-    bare = subprocess.run([sys.executable, "-m", "stateful_sampler"], capture_output=True, text=True, timeout=120)
+    bare = subprocess.run([sys.executable, "-m", "stateful_sampler"], capture_output=True, text=True, timeout=120, check=False)
     assert bare.returncode == 2 and bare.stderr.splitlines()[-1] == (
         "stateful-sampler: error: the following arguments are required: COMMAND"
     )
@@ -124,7 +124,7 @@ def test_audit_of_the_shipped_config_prints_the_report_and_nothing_else(tmp_path
     environment["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
     result = subprocess.run(
         [sys.executable, "-P", "-m", "stateful_sampler", "audit", "--config", "digits.yaml", "--world-size", "2"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=environment,
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=environment, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""

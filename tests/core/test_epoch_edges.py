@@ -10,9 +10,9 @@ under tests/lightning and tests/integrations.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterator
+from collections.abc import Callable
+from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -241,7 +241,7 @@ def test_4_sampler_state_dict_under_workers_is_the_consumed_position_or_refused(
     assert state["position"] == 30
     resumed = sampler_of(100)
     resumed.load_state_dict(state)
-    assert sum(consumed, []) + list(resumed) == sampler_of(100).indices(0).tolist()
+    assert [index for batch in consumed for index in batch] + list(resumed) == sampler_of(100).indices(0).tolist()
 
     bare = DataLoader(list(range(100)), sampler=sampler_of(100), batch_size=2, num_workers=2)
     iterator = iter(bare)

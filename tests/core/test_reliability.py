@@ -158,13 +158,13 @@ def test_a_state_taken_after_a_new_iter_describes_the_new_pass(num_workers: int)
         sampler = StatefulSampler(40, seed=5, batch_size=4)
         return sampler, StatefulDataLoader(torch.arange(40), sampler=sampler, batch_size=4, num_workers=num_workers)
 
-    sampler, loader = make()
+    _, loader = make()
     iterator = iter(loader)
     head = [next(iterator).tolist(), next(iterator).tolist()]
     iterator = iter(loader)
     saved = loader.state_dict()
     uninterrupted = [batch.tolist() for batch in iterator]
-    sampler, loader = make()
+    _sampler, loader = make()
     loader.load_state_dict(saved)
     assert [batch.tolist() for batch in loader] == uninterrupted
     epoch = [b.tolist() for b in torch.tensor(StatefulSampler(40, seed=5).indices(0)).split(4)]

@@ -128,7 +128,7 @@ class ResumeMachine(RuleBasedStateMachine):
             batches = [self._next_batch(rank) for rank in self.ranks]
             sizes = [len(batch) for batch in batches]
             if self.tail != "uneven":
-                assert len(set(min(size, 1) for size in sizes)) == 1, f"unequal step counts: batch sizes {sizes}"
+                assert len({min(size, 1) for size in sizes}) == 1, f"unequal step counts: batch sizes {sizes}"
             if not any(sizes):
                 for rank in self.ranks:
                     rank.exhausted = True
@@ -277,6 +277,6 @@ class ResumeMachine(RuleBasedStateMachine):
 
 
 ResumeMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("RESUME_MODEL_EXAMPLES", 600)), stateful_step_count=30, deadline=None
+    max_examples=int(os.environ.get("RESUME_MODEL_EXAMPLES", "600")), stateful_step_count=30, deadline=None
 )
 test_resume_contract_against_the_reference_model = ResumeMachine.TestCase

@@ -52,7 +52,7 @@ def test_resume_at_any_position_yields_the_exact_suffix(
     size = fix_config(size, world_size, tail)
     if tail == "carry":
         batch_size = batch_size or 1
-    config: dict[str, Any] = dict(seed=seed, tail=tail, order=order, batch_size=batch_size)
+    config: dict[str, Any] = {"seed": seed, "tail": tail, "order": order, "batch_size": batch_size}
     epochs = range(start_epoch, start_epoch + 3)
     uninterrupted = run_epochs(make_ranks(size, world_size, **config), epochs)
 
@@ -94,7 +94,7 @@ def test_consumed_batches_ignores_what_ran_ahead(
     """Training consumed k batches while the loader drew further ahead: the state of k batches,
     resumed over several epochs without set_epoch, continues right after batch k."""
     size = fix_config(size, world_size, tail)
-    config: dict[str, Any] = dict(seed=1, tail=tail, batch_size=batch_size, num_replicas=world_size, rank=0)
+    config: dict[str, Any] = {"seed": 1, "tail": tail, "batch_size": batch_size, "num_replicas": world_size, "rank": 0}
     reference = StatefulSampler(size, **config)
     stream = [i for _ in range(3) for i in reference]
     sampler = StatefulSampler(size, **config)
@@ -134,7 +134,7 @@ def test_another_world_size_with_the_same_global_batch_sees_the_same_global_batc
         steps_left = max(-(-len(stream) // batch) for stream in streams)
         return [sorted(i for stream in streams for i in stream[k * batch : (k + 1) * batch]) for k in range(steps_left)]
 
-    config: dict[str, Any] = dict(seed=seed, tail=tail, yield_keys=True)
+    config: dict[str, Any] = {"seed": seed, "tail": tail, "yield_keys": True}
     reference = global_batches(make_ranks(size, old_world, batch_size=old_batch, **config), old_batch)
     steps = min(steps, len(reference))
     before = make_ranks(size, old_world, batch_size=old_batch, **config)

@@ -19,6 +19,7 @@ import copy
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -41,7 +42,7 @@ from tests.twin_helpers import (
 
 # Runs per variant: 300 without workers (ResumableLoader, StatefulDataLoader); with 2 workers, whose every
 # pass starts 2 processes, 12 under ResumableLoader and 8 under StatefulDataLoader (slow).
-EXAMPLES = int(os.environ.get("TWIN_LOADER_EXAMPLES", 300))
+EXAMPLES = int(os.environ.get("TWIN_LOADER_EXAMPLES", "300"))
 WORKER_EXAMPLES = {
     name: int(os.environ.get("TWIN_LOADER_WORKER_EXAMPLES", default))
     for name, default in (("ResumableTwins", 12), ("StatefulDataLoaderTwins", 8))
@@ -196,9 +197,9 @@ class LoaderTwins(RuleBasedStateMachine):
         watch = not self.state_reads_sampler and self.serial  # see StatefulDataLoaderTwins.state_reads_sampler
         before = [outcome(loader.sampler.state_dict) for loader in self.live] if watch else []
         for rank, loader in enumerate(self.live):
-            got = outcome(lambda: self.move_to(loader, epoch))
+            got = outcome(partial(self.move_to, loader, epoch))
             if self.twin is not None:
-                assert outcome(lambda: self.move_to(self.twin[rank], epoch)) == got, (rank, self.log)  # type: ignore[index]
+                assert outcome(partial(self.move_to, self.twin[rank], epoch)) == got, (rank, self.log)  # type: ignore[index]
         after = [outcome(loader.sampler.state_dict) for loader in self.live] if watch else []
         if after != before or any(state[0] == "raised" for state in after):
             self.dirty = True  # the loader's state is a snapshot that predates this set_epoch: no save until an iter()

@@ -16,8 +16,10 @@ on the live side, and must not move the state the twin agrees with.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from functools import partial
+from typing import Any
 
 import pytest
 from hypothesis import assume, settings
@@ -28,7 +30,7 @@ from stateful_sampler import StatefulSampler
 from tests.twin_helpers import EPOCHS, KINDS, SamplerConfig, json_round_trip, outcome, sampler_configs, take
 
 # Examples per strategy: 7 strategies x 150 = 1,050 runs of up to 20 steps (TWIN_SAMPLER_EXAMPLES for more).
-EXAMPLES = int(os.environ.get("TWIN_SAMPLER_EXAMPLES", 150))
+EXAMPLES = int(os.environ.get("TWIN_SAMPLER_EXAMPLES", "150"))
 PENDING, NO_TWIN, REAL = "pending", "no twin", "real"
 
 
@@ -110,9 +112,9 @@ class SamplerTwins(RuleBasedStateMachine):
         self._note(f"set_epoch({epoch})")
         self.slots.clear()
         for rank, sampler in enumerate(self.live):
-            got = outcome(lambda: sampler.set_epoch(epoch))
+            got = outcome(partial(sampler.set_epoch, epoch))
             if self.twin is not None:
-                assert outcome(lambda: self.twin[rank].set_epoch(epoch)) == got, (rank, self.log)  # type: ignore[index]
+                assert outcome(partial(self.twin[rank].set_epoch, epoch)) == got, (rank, self.log)  # type: ignore[index]
 
     @rule()
     def save(self) -> None:
@@ -126,7 +128,7 @@ class SamplerTwins(RuleBasedStateMachine):
         batch, slot = self.config.batch_size, self.slots[-1]
         if any(slot.stopped) or any(drawn % batch for drawn in slot.drawn):  # type: ignore[operator]
             return
-        states = [outcome(lambda: sampler.state_dict(consumed_batches=slot.drawn[rank] // batch))  # type: ignore[operator]
+        states = [outcome(partial(sampler.state_dict, consumed_batches=slot.drawn[rank] // batch))  # type: ignore[operator]
                   for rank, sampler in enumerate(self.live)]  # fmt: skip
         self._restore(states, "save consumed")
 

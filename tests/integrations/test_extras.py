@@ -38,7 +38,7 @@ print(json.dumps(errors))
 
 def test_each_integration_without_its_framework_names_the_extra_to_install():
     result = subprocess.run([sys.executable, "-c", IMPORT_EACH, *INTEGRATIONS],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
     errors = json.loads(result.stdout)
     assert errors == {

@@ -12,7 +12,7 @@ import pytest
 from tests.integrations.harness import Run, assert_each_epoch_is_split_without_overlap, run
 
 transformers = pytest.importorskip("transformers")
-from stateful_sampler.hf_trainer import STATE_FILE, ResumableTrainer  # noqa: E402
+from stateful_sampler.hf_trainer import STATE_FILE, ResumableTrainer
 
 SCRIPT = ["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "examples/hf_trainer.py"]
 

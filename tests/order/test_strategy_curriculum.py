@@ -109,17 +109,17 @@ def test_a_callable_schedule_out_of_range_is_refused_when_its_epoch_is_first_ask
             lambda: Curriculum([0, 1], schedule=[]),
             TypeError,
             r"schedule must be a non-empty list of band counts or a callable, got \[\]",
-        ),  # fmt: skip
+        ),
         (
             lambda: Curriculum([0, 1], schedule=2),
             TypeError,
             "schedule must be a non-empty list of band counts or a callable, got 2",
-        ),  # fmt: skip
+        ),
         (
             lambda: StatefulSampler(3, strategy=Curriculum([0, 1])),
             ValueError,
             "bands must have one entry per record: length 3, got 2",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_bad_bands_are_refused_naming_the_argument(call: Any, error: type[Exception], message: str) -> None:

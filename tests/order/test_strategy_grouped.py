@@ -188,7 +188,7 @@ def test_a_state_from_other_groups_is_refused_naming_the_strategy_fingerprint() 
             lambda: StatefulSampler(3, strategy=Grouped([0, 1])),
             ValueError,
             "groups must have one entry per record: length 3, got 2",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_bad_groups_are_refused_naming_the_argument(call: Any, error: type[Exception], message: str) -> None:

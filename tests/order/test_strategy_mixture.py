@@ -167,7 +167,7 @@ def test_a_state_saved_on_w_ranks_resumes_on_another_world_size_with_every_posit
 ) -> None:
     before, after = worlds
     strategy = lambda: Mixture([3, 5, 8], [1, 2, 3], num_samples=num_samples, schedule={2: [3, 2, 1]})
-    config: dict[str, Any] = dict(seed=9, tail=tail, batch_size=batch_size)
+    config: dict[str, Any] = {"seed": 9, "tail": tail, "batch_size": batch_size}
     saving = [StatefulSampler(16, strategy=strategy(), num_replicas=before, rank=r, **config) for r in range(before)]
     for sampler in saving:
         sampler.set_epoch(epoch)

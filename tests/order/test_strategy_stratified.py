@@ -150,8 +150,8 @@ def test_a_state_from_other_labels_is_refused_naming_the_strategy_fingerprint() 
         (lambda: Stratified([0, 1], mode="even"), ValueError,
          r"mode must be one of \['proportional', 'balanced'\], got 'even'"),
         (lambda: Stratified([0, 1], num_samples=4), ValueError,
-         "num_samples applies to mode='balanced' only: a proportional pass is a permutation of all 2 records, "
-         "got num_samples=4"),
+         ("num_samples applies to mode='balanced' only: a proportional pass is a permutation of all 2 records, "
+          "got num_samples=4")),
         (lambda: Stratified([0, 1], mode="balanced", num_samples=0), ValueError,
          "num_samples must be at least 1, got 0"),
         (lambda: StatefulSampler(3, strategy=Stratified([0, 1])), ValueError,

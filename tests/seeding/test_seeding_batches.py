@@ -4,8 +4,9 @@ puts every global state back, whether samples come one by one or as a DataLoader
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,8 +24,7 @@ from stateful_sampler.order.mixing import (
     seed_word_rows,
     seed_words,
 )
-from stateful_sampler.seeding import GLOBAL_RNGS, SampleRNG, SeededDataset, seed_globals
-from stateful_sampler.seeding import legacy_mt
+from stateful_sampler.seeding import GLOBAL_RNGS, SampleRNG, SeededDataset, legacy_mt, seed_globals
 from stateful_sampler.seeding.legacy_mt import LegacyMT
 from tests.seeding.test_seeding import global_states
 

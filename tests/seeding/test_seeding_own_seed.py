@@ -91,8 +91,7 @@ def test_a_key_field_outside_64_bits_is_refused_naming_it():
         (
             WithGenerators(),
             ("torch", "cuda"),
-            r"global_rngs must name some of \['random', 'numpy', 'torch'\], "
-            r"got 'cuda'",
+            r"global_rngs must name some of \['random', 'numpy', 'torch'\], got 'cuda'",
         ),
         (DrawsEverything(), (), r"global_rngs=\(\) seeds nothing for DrawsEverything, which has no load_sample"),
     ],

@@ -10,8 +10,8 @@ steps the state to OUT_DIR/NAME_state.json (rank 0) and stops.
 from __future__ import annotations
 
 import json
-import os
 import multiprocessing
+import os
 import sys
 from pathlib import Path
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from stateful_sampler.stream import JsonlReader, ParquetReader, ShardCache, ShardedStream, ShardReadError
 from stateful_sampler.stream.readers import ParquetSpan, fixed_size_lists, span_reader
-from tests.stream_helpers import MemoryReader, loop_batches
 from tests.stream.test_stream_remote import write_jsonl, write_parquet
+from tests.stream_helpers import MemoryReader, loop_batches
 
 ROWS = 24  # per shard, row groups of 4
 

@@ -61,7 +61,7 @@ def test_every_record_is_delivered_exactly_once_per_epoch_and_every_rank_takes_a
     size = sum(counts)
     if tail == "drop" and size < world_size:
         return
-    config = dict(window=window, batch_size=batch_size, tail=tail, seed=seed, yield_keys=True)
+    config = {"window": window, "batch_size": batch_size, "tail": tail, "seed": seed, "yield_keys": True}
     per_rank = [
         loop_batches(make_stream(counts, num_replicas=world_size, rank=rank, **config), workers)
         for rank in range(world_size)

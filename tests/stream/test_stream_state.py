@@ -26,8 +26,8 @@ def test_the_state_is_a_few_hundred_bytes_of_json_whatever_the_shard_count() -> 
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        (lambda counts: counts[:3] + [26] + counts[4:], r"state field 'shards\[3\]'.*'shard-003' with 26 records.*"
-                                                         r"shard 'shard-003' changed since the save"),
+        (lambda counts: counts[:3] + [26] + counts[4:], (r"state field 'shards\[3\]'.*'shard-003' with 26 records.*"
+                                                          r"shard 'shard-003' changed since the save")),
         (lambda counts: counts + [5], r"state field 'shards': saved 6, expected 7: shards were added or removed"),
         (lambda counts: [counts[1], counts[0]] + counts[2:], (r"state field 'shards': saved 'several shards of "
                                                               r"other names, record counts or contents'")),
@@ -78,12 +78,12 @@ def test_world_size_batch_size_and_workers_may_change_on_load() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        (dict(batch_size=0), ValueError, r"batch_size must be at least 1, got 0"),
-        (dict(batch_size=2, window=0), ValueError, r"window must be at least 1, got 0"),
-        (dict(batch_size=2, tail="carry"), ValueError, r"tail must be 'pad' or 'drop' for a stream, got 'carry'"),
-        (dict(batch_size=2, counts=[1, 2]), ValueError, r"counts must give one count per shard \(6\), got 2"),
-        (dict(batch_size=2, counts=[1, 2, 3, 4, 5, -1]), ValueError, r"counts\[5\] \('shard-005'\) must be at least 0"),
-        (dict(batch_size=2, num_replicas=2, rank=2), ValueError, r"rank must lie in \[0, num_replicas\) = \[0, 2\)"),
+        ({"batch_size": 0}, ValueError, r"batch_size must be at least 1, got 0"),
+        ({"batch_size": 2, "window": 0}, ValueError, r"window must be at least 1, got 0"),
+        ({"batch_size": 2, "tail": "carry"}, ValueError, r"tail must be 'pad' or 'drop' for a stream, got 'carry'"),
+        ({"batch_size": 2, "counts": [1, 2]}, ValueError, r"counts must give one count per shard \(6\), got 2"),
+        ({"batch_size": 2, "counts": [1, 2, 3, 4, 5, -1]}, ValueError, r"counts\[5\] \('shard-005'\) must be at least 0"),
+        ({"batch_size": 2, "num_replicas": 2, "rank": 2}, ValueError, r"rank must lie in \[0, num_replicas\) = \[0, 2\)"),
     ],
 )
 def test_bad_arguments_are_refused_naming_the_argument(kwargs, error, match) -> None:

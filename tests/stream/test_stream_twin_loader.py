@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
 from stateful_sampler import ResumableLoader
-from tests.stream_helpers import make_stream
 from tests.core.test_twin_loader import ResumableTwins
+from tests.stream_helpers import make_stream
 from tests.twin_helpers import worker_variant
 
 EXAMPLES = int(os.environ.get("TWIN_STREAM_LOADER_EXAMPLES", "150"))  # without workers
