@@ -28,7 +28,8 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
         text=True,
         timeout=300,
         cwd=cwd,
-        env=env, check=False,
+        env=env,
+        check=False,
     )
 
 
@@ -123,7 +124,8 @@ def test_the_console_script_writes_a_png(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=300, check=False,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert picture.stat().st_size > 10_000 and picture.read_bytes()[:8] == PNG_SIGNATURE

@@ -27,7 +27,11 @@ from stateful_sampler import IncompatibleStateError, StatefulSampler
         ({"data_source": True}, TypeError, "data_source must be a sized dataset or an int, got bool"),
         ({"data_source": 10, "seed": 1.5}, TypeError, "seed must be an int, got float 1.5"),
         ({"data_source": 10, "seed": "1"}, TypeError, "seed must be an int, got str '1'"),
-        ({"data_source": 10, "seed": -1}, ValueError, "seed must be at least 0 and at most 9223372036854775807, got -1"),
+        (
+            {"data_source": 10, "seed": -1},
+            ValueError,
+            "seed must be at least 0 and at most 9223372036854775807, got -1",
+        ),
         (
             {"data_source": 10, "seed": 2**63},
             ValueError,
@@ -55,7 +59,11 @@ from stateful_sampler import IncompatibleStateError, StatefulSampler
             "tail must be one of ['pad', 'drop', 'uneven', 'carry'], got 'wrap'",
         ),
         ({"data_source": 10, "order": "random"}, ValueError, "order must be one of ['fast', 'torch'], got 'random'"),
-        ({"data_source": 10, "batch_size": 0}, ValueError, "batch_size must be at least 1 and at most 1073741824, got 0"),
+        (
+            {"data_source": 10, "batch_size": 0},
+            ValueError,
+            "batch_size must be at least 1 and at most 1073741824, got 0",
+        ),
         ({"data_source": 10, "shuffle": 1}, TypeError, "shuffle must be a bool, got int 1"),
         (
             {"data_source": 2, "num_replicas": 3, "rank": 0, "tail": "drop"},

@@ -36,7 +36,9 @@ def test_python_m_stateful_sampler_is_the_command():
     result = subprocess.run([sys.executable, "-m", "stateful_sampler", "--version"],
                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert (result.returncode, result.stdout, result.stderr) == (0, f"stateful-sampler {__version__}\n", "")
-    bare = subprocess.run([sys.executable, "-m", "stateful_sampler"], capture_output=True, text=True, timeout=120, check=False)
+    bare = subprocess.run(
+        [sys.executable, "-m", "stateful_sampler"], capture_output=True, text=True, timeout=120, check=False
+    )
     assert bare.returncode == 2 and bare.stderr.splitlines()[-1] == (
         "stateful-sampler: error: the following arguments are required: COMMAND"
     )

@@ -83,7 +83,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], t
         directory = root / name
         directory.mkdir()
         command = [part.replace("{dir}", str(directory)) for part in RUNS[name]]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=environment, check=False)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=environment, check=False
+        )
         return done, directory
 
     futures: dict[str, Future[tuple[subprocess.CompletedProcess[str], Path]]] = {

@@ -39,7 +39,10 @@ CASES = {
         {"after_batches": (4, 9)},
     ),
     "drop": (Setup(size=21, batch_size=2, tail="drop", max_epochs=2), {"after_batches": (7,)}),
-    "carry": (Setup(size=19, batch_size=2, tail="carry", max_epochs=3), {"after_batches": (7, 12), "after_epochs": (0,)}),
+    "carry": (
+        Setup(size=19, batch_size=2, tail="carry", max_epochs=3),
+        {"after_batches": (7, 12), "after_epochs": (0,)},
+    ),
 }
 
 

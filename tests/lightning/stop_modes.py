@@ -59,7 +59,9 @@ class RaiseAt(Callback):
 def sigkill(setup: Setup, directory: Path) -> RecordingModel:
     script = Path(__file__).with_name("killed_run.py")
     arguments = [str(directory), str(setup.num_workers), str(int(setup.stateful_loader))]
-    killed = subprocess.run([sys.executable, str(script), *arguments], start_new_session=True, timeout=TIMEOUT, check=False)
+    killed = subprocess.run(
+        [sys.executable, str(script), *arguments], start_new_session=True, timeout=TIMEOUT, check=False
+    )
     assert killed.returncode == -signal.SIGKILL
     assert torch.load(directory / "last.ckpt", weights_only=False)["global_step"] == 8
     return fit(setup, [every_4_steps(directory)], ckpt_path="last", enable_checkpointing=True)

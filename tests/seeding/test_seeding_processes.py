@@ -49,7 +49,11 @@ print(json.dumps({"restarting": run(True, False), "persistent": run(True, True),
 def fresh_run(noise: int) -> dict:
     """A new Python process that first draws ``noise`` numbers from each global RNG, then loads."""
     result = subprocess.run(
-        [sys.executable, "-c", SEED_WORKER_RUN, str(noise), str(ROOT)], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-c", SEED_WORKER_RUN, str(noise), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])

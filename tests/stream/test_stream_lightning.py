@@ -22,7 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def launch(root: Path, workers: int, devices: int, kill_at: int = 0) -> int:
     """The fit as its own process group (Lightning starts rank 1 in it), killed whole on a hang."""
-    command = [sys.executable, "-m", "tests.stream.stream_lightning_run", str(root), str(workers), str(devices), str(kill_at)]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.stream.stream_lightning_run",
+        str(root),
+        str(workers),
+        str(devices),
+        str(kill_at),
+    ]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": free_port()}
     process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)  # fmt: skip

@@ -82,8 +82,16 @@ def test_world_size_batch_size_and_workers_may_change_on_load() -> None:
         ({"batch_size": 2, "window": 0}, ValueError, r"window must be at least 1, got 0"),
         ({"batch_size": 2, "tail": "carry"}, ValueError, r"tail must be 'pad' or 'drop' for a stream, got 'carry'"),
         ({"batch_size": 2, "counts": [1, 2]}, ValueError, r"counts must give one count per shard \(6\), got 2"),
-        ({"batch_size": 2, "counts": [1, 2, 3, 4, 5, -1]}, ValueError, r"counts\[5\] \('shard-005'\) must be at least 0"),
-        ({"batch_size": 2, "num_replicas": 2, "rank": 2}, ValueError, r"rank must lie in \[0, num_replicas\) = \[0, 2\)"),
+        (
+            {"batch_size": 2, "counts": [1, 2, 3, 4, 5, -1]},
+            ValueError,
+            r"counts\[5\] \('shard-005'\) must be at least 0",
+        ),
+        (
+            {"batch_size": 2, "num_replicas": 2, "rank": 2},
+            ValueError,
+            r"rank must lie in \[0, num_replicas\) = \[0, 2\)",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_naming_the_argument(kwargs, error, match) -> None:
