@@ -70,6 +70,7 @@ def test_the_table_names_the_figures_of_the_padded_epoch():
     assert any("batch of 1 sample on rank(s) 0, 1, 2" in line and "BatchNorm" in line for line in lines)
 
 
+@pytest.mark.slow  # a subprocess
 def test_json_output_is_the_report_and_lightning_is_never_imported():
     code = (
         "import sys; from stateful_sampler.cli import main; "
@@ -100,6 +101,7 @@ def test_json_output_is_the_report_and_lightning_is_never_imported():
     }
 
 
+@pytest.mark.slow  # a subprocess imports matplotlib
 def test_the_console_script_writes_a_png(tmp_path):
     script = Path(sys.executable).with_name("stateful-sampler")
     picture = tmp_path / "audit.png"

@@ -32,6 +32,7 @@ def test_version_is_written_once_and_the_command_prints_it(capsys):
     assert stopped.value.code == 0 and capsys.readouterr().out == "stateful-sampler 0.2.0\n"
 
 
+@pytest.mark.slow  # subprocesses
 def test_python_m_stateful_sampler_is_the_command():
     result = subprocess.run([sys.executable, "-m", "stateful_sampler", "--version"],
                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
@@ -118,6 +119,7 @@ def test_audit_config_imports_the_users_modules_from_the_current_directory(tmp_p
     sys.modules.pop("user_audit_datamodule", None)
 
 
+@pytest.mark.slow  # a subprocess audits the shipped config
 def test_audit_of_the_shipped_config_prints_the_report_and_nothing_else(tmp_path):
     """No LightningCLI warning about our own ``args`` beside ``sys.argv``, no seed, GPU/TPU or logger
     banner from the Trainer the config builds: run as the console script runs (``-P``: no cwd on sys.path)."""

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from stateful_sampler import SampleKey, StatefulSampler
-from tests.helpers import json_round_trip
+from tests.helpers import json_round_trip, scaled_examples
 
 TAILS = ("pad", "drop", "uneven", "carry")
 
@@ -277,6 +277,8 @@ class ResumeMachine(RuleBasedStateMachine):
 
 
 ResumeMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("RESUME_MODEL_EXAMPLES", "600")), stateful_step_count=30, deadline=None
+    max_examples=scaled_examples(int(os.environ.get("RESUME_MODEL_EXAMPLES", "600"))),
+    stateful_step_count=30,
+    deadline=None,
 )
 test_resume_contract_against_the_reference_model = ResumeMachine.TestCase

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
 
 from stateful_sampler import SampleKey, StatefulSampler
-from tests.helpers import make_ranks, run_epochs
+from tests.helpers import make_ranks, run_epochs, scaled_examples
 
 EDGE_SIZES = [0, 1, 2, 3, 4**8 - 1, 4**8, 4**8 + 1, 2**17 - 1, 2**17 + 1, 65537, 262145, 1048573]
 sizes = st.one_of(st.integers(0, 300), st.integers(0, 10**6), st.sampled_from(EDGE_SIZES))
@@ -20,7 +20,7 @@ orders = st.sampled_from(["fast", "torch"])
 seeds = st.integers(0, 2**63 - 1)
 
 
-@settings(max_examples=60)
+@settings(max_examples=scaled_examples(60))
 @given(size=sizes, world_size=world_sizes, seed=seeds, epoch=st.integers(0, 10**6), order=orders, shuffle=st.booleans())
 def test_pad_covers_every_record_once_and_marks_exactly_the_repeats(
     size: int, world_size: int, seed: int, epoch: int, order: str, shuffle: bool
@@ -40,7 +40,7 @@ def test_pad_covers_every_record_once_and_marks_exactly_the_repeats(
     assert all(key.index == by_position[key.position % size] for key in padding)
 
 
-@settings(max_examples=60)
+@settings(max_examples=scaled_examples(60))
 @given(size=sizes, world_size=world_sizes, seed=seeds, order=orders)
 def test_drop_takes_floor_and_reports_the_cut_records(size: int, world_size: int, seed: int, order: str) -> None:
     if 0 < size < world_size:
@@ -54,7 +54,7 @@ def test_drop_takes_floor_and_reports_the_cut_records(size: int, world_size: int
     assert all(s.dropped_indices(2) == dropped for s in samplers)
 
 
-@settings(max_examples=60)
+@settings(max_examples=scaled_examples(60))
 @given(size=sizes, world_size=world_sizes, seed=seeds, order=orders)
 def test_uneven_gives_every_record_exactly_once(size: int, world_size: int, seed: int, order: str) -> None:
     samplers = make_ranks(size, world_size, seed=seed, order=order, tail="uneven")
@@ -65,7 +65,7 @@ def test_uneven_gives_every_record_exactly_once(size: int, world_size: int, seed
     assert sorted(i for rank in per_rank for i in rank[0]) == list(range(size))
 
 
-@settings(max_examples=60)
+@settings(max_examples=scaled_examples(60))
 @given(
     size=st.one_of(st.integers(0, 300), st.integers(0, 20_000), st.sampled_from([4**8 + 1, 65537, 10**6])),
     world_size=st.integers(1, 8),

@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from stateful_sampler import StatefulSampler
-from tests.helpers import json_round_trip, make_ranks, run_epochs
+from tests.helpers import json_round_trip, make_ranks, run_epochs, scaled_examples
 
 TAILS = ["pad", "drop", "uneven", "carry"]
 sizes = st.one_of(st.integers(0, 200), st.integers(0, 10**5), st.sampled_from([4**8 + 1, 65537, 2**16 - 1, 10**6]))
@@ -24,7 +24,7 @@ def fix_config(size: int, world_size: int, tail: str) -> int:
     return world_size + size if tail == "drop" and 0 < size < world_size else size
 
 
-@settings(max_examples=80)
+@settings(max_examples=scaled_examples(80))
 @given(
     size=sizes,
     world_size=st.integers(1, 16),
@@ -79,7 +79,7 @@ def test_resume_at_any_position_yields_the_exact_suffix(
         assert rest == [expected[0][skipped:]] + expected[1:]
 
 
-@settings(max_examples=40)
+@settings(max_examples=scaled_examples(40))
 @given(
     size=st.integers(0, 3000),
     world_size=st.integers(1, 8),
@@ -111,7 +111,7 @@ def test_consumed_batches_ignores_what_ran_ahead(
     assert rest[: len(stream) - done] == stream[done:]
 
 
-@settings(max_examples=50)
+@settings(max_examples=scaled_examples(50))
 @given(
     size=st.integers(0, 5000),
     factors=st.sampled_from([(1, 8, 2, 4), (2, 4, 4, 2), (4, 2, 1, 8), (3, 4, 2, 6), (1, 6, 3, 2), (8, 1, 2, 4)]),
@@ -157,6 +157,7 @@ def test_another_world_size_with_the_same_global_batch_sees_the_same_global_batc
         assert resumed == reference[steps:]
 
 
+@pytest.mark.slow  # a new process with 2 DataLoader workers
 def test_resume_in_a_new_process_with_two_workers_across_an_epoch_boundary(tmp_path: Path) -> None:
     """A process trains k steps with 2 DataLoader workers and saves what it consumed; a new
     process resumes from that state with 2 workers; together they equal an uninterrupted run."""

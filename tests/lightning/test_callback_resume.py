@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader
 
 from stateful_sampler import StatefulSampler
+from tests.helpers import scaled_examples
 from tests.lightning.lightning_harness import (
     RELEASE,
     WORKERS,
@@ -232,7 +233,7 @@ def test_without_a_checkpoint_the_callback_changes_nothing(setup: Setup) -> None
     assert torch.equal(with_callback.layer.weight, without.layer.weight)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=scaled_examples(40), deadline=None)
 @given(
     tail=st.sampled_from(["pad", "drop", "uneven", "carry"]),
     size=st.integers(5, 23),

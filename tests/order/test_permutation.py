@@ -34,6 +34,7 @@ def edge_lengths(max_exponent: int) -> list[int]:
     return sorted(s for s in sizes if s <= 2**max_exponent + 1)
 
 
+@pytest.mark.slow  # exhaustive: every size; the edge lengths below stay fast
 def test_every_size_up_to_2_pow_14_is_a_bijection() -> None:
     """Every size, exhaustively, where that is cheap (the cost of size N is N; 2**16 took a minute of
     CI); above it the edge lengths below, where cycle-walking shuffles have broken."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from bisect import bisect_left
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -132,6 +133,7 @@ def test_a_unit_far_past_the_known_starts_takes_every_window_at_once():
         raise AssertionError("a unit past the end was located")
 
 
+@pytest.mark.slow  # 200,000 records packed one by one
 def test_samplers_draw_the_rows_their_count_promises_at_scale():
     lengths = np.clip(np.random.default_rng(2).lognormal(5, 1, 200_000), 1, 2048).astype(np.int32)
     rows = PackedRows(lengths, 2048, split_records=False, seed=5)

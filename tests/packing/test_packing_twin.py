@@ -24,6 +24,7 @@ from hypothesis.stateful import initialize
 from stateful_sampler import PackedRows, TokenBudgetBatches
 from stateful_sampler.packing.base import RowSampler
 from tests.core.test_twin_sampler import SamplerTwins
+from tests.helpers import scaled_examples
 from tests.twin_helpers import outcome
 
 EXAMPLES = int(os.environ.get("TWIN_PACKING_EXAMPLES", "300"))
@@ -98,5 +99,5 @@ class RowTwins(SamplerTwins):
         self.log = []
 
 
-RowTwins.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=25, deadline=None)
+RowTwins.TestCase.settings = settings(max_examples=scaled_examples(EXAMPLES), stateful_step_count=25, deadline=None)
 test_a_restored_row_sampler_behaves_as_the_live_one_for_every_later_call = RowTwins.TestCase

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from stateful_sampler.stream import ShardedStream
+from tests.helpers import scaled_examples
 from tests.stream_helpers import make_stream
 
 _END = "end"
@@ -127,7 +128,7 @@ class StreamTwins(RuleBasedStateMachine):
 
 
 TestStreamTwinsWithoutWorkers = StreamTwins.TestCase
-TestStreamTwinsWithoutWorkers.settings = settings(max_examples=200, stateful_step_count=20)
+TestStreamTwinsWithoutWorkers.settings = settings(max_examples=scaled_examples(200), stateful_step_count=20)
 
 
 class StreamTwinsWithWorkers(StreamTwins):
@@ -135,4 +136,4 @@ class StreamTwinsWithWorkers(StreamTwins):
 
 
 TestStreamTwinsWithWorkers = pytest.mark.slow(StreamTwinsWithWorkers.TestCase)
-TestStreamTwinsWithWorkers.settings = settings(max_examples=30, stateful_step_count=15)
+TestStreamTwinsWithWorkers.settings = settings(max_examples=scaled_examples(30), stateful_step_count=15)

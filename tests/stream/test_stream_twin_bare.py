@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from stateful_sampler.stream import ShardedStream
+from tests.helpers import scaled_examples
 from tests.stream_helpers import make_stream
 from tests.twin_helpers import outcome
 
@@ -183,7 +184,7 @@ class BareStreamTwins(RuleBasedStateMachine):
 
 
 TestBareStreamTwins = BareStreamTwins.TestCase
-TestBareStreamTwins.settings = settings(max_examples=250, stateful_step_count=25, deadline=None)
+TestBareStreamTwins.settings = settings(max_examples=scaled_examples(250), stateful_step_count=25, deadline=None)
 
 
 # -- the two cases of the issue, and the refusal

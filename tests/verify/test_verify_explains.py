@@ -334,6 +334,7 @@ def test_a_failed_runs_log_that_verify_names_exists_after_it_exits(capsys: pytes
         shutil.rmtree(log.parents[1])
 
 
+@pytest.mark.slow  # a subprocess per module
 @pytest.mark.parametrize("module", ["lightning", "yaml"])
 def test_a_missing_dependency_exits_2_with_the_extra_to_install(tmp_path: Path, module: str) -> None:
     config = tmp_path / "fit.yaml"

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_only_the_first_hook_to_claim_the_recorder_records(tmp_path: Path) -> None:
     program = (
@@ -19,6 +21,7 @@ def test_only_the_first_hook_to_claim_the_recorder_records(tmp_path: Path) -> No
     assert unset.stdout == "False False\n"
 
 
+@pytest.mark.slow  # subprocesses
 def test_record_weights_outside_verify_does_nothing_and_refuses_what_is_no_model(tmp_path: Path) -> None:
     program = (
         "import torch\n"

@@ -59,6 +59,7 @@ def _train(variables: dict[str, str]) -> list[str]:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_loader_records_nothing_and_imports_no_verify_without_the_plugin(tmp_path: Path) -> None:
     # STATEFUL_SAMPLER_RECORD alone (inherited by a process verify does not run) switches nothing on.
     assert _train({"STATEFUL_SAMPLER_RECORD": str(tmp_path / "run")}) == []
