@@ -1,4 +1,4 @@
-"""A training loop under ``Preemption``, 2 DataLoader workers, run as its own process by tests/test_preemption.py.
+"""A training loop under ``Preemption``, 2 DataLoader workers, run as its own process by tests/core/test_preemption.py.
 
 Protocol on stdout, one line per event, flushed: ``trained <batch>`` after each optimizer step,
 ``handed <batch>`` for a batch the (wrong) top-of-loop check got and did not train on,

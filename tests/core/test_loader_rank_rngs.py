@@ -1,6 +1,6 @@
 """ResumableLoader's RNG states by rank (issue 25, items 7 and 20): the layout and its size, each rank's own
 restored at the world size it was saved at only (a warning elsewhere), 0.2.0's states, and malformed ones.
-The real 2-process run is tests/test_loader_rng_ddp.py."""
+The real 2-process run is tests/core/test_loader_rng_ddp.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Twin test of the loaders around ``StatefulSampler`` (issue 17; docs/core.md, "Epoch ends and early exits").
 
-As tests/test_twin_sampler.py, one level up: a live loader per rank and, after every save, a twin
+As tests/core/test_twin_sampler.py, one level up: a live loader per rank and, after every save, a twin
 restored fresh from its ``state_dict()``, both over a real ``DataLoader`` (0 and 2 workers, wrapped
 in ``ResumableLoader``) or torchdata's ``StatefulDataLoader`` (0 and 2 workers, our sampler plugged
 in). Every rule is a way a training loop is written and goes to both: ``iter``, counted ``next()``
@@ -237,7 +237,7 @@ def _dataloader(config: SamplerConfig, rank: int, workers: int, cls: type = Data
 class ResumableTwins(LoaderTwins):
     def make(self, config: SamplerConfig, rank: int) -> ResumableLoader:
         # rng_states=False: the process's RNG snapshot (5 kB) is not the data order, and taking it at every
-        # step would cost most of this file's time; tests/test_epoch_edges.py and A-core's tests cover it.
+        # step would cost most of this file's time; tests/core/test_epoch_edges.py and A-core's tests cover it.
         return ResumableLoader(_dataloader(config, rank, self.workers), rng_states=False)
 
     def save_state(self, loader: ResumableLoader) -> Any:

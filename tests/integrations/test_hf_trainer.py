@@ -1,7 +1,7 @@
 """HF Transformers Trainer, 2 CPU processes (torchrun, gloo), a tiny GPT-2 from a config: examples/hf_trainer.py.
 
 The SIGKILL mid-epoch and resume without replay, every batch and the final weights (dropout included)
-against an uninterrupted run, is ``stateful-sampler verify`` on the example in tests/test_examples.py."""
+against an uninterrupted run, is ``stateful-sampler verify`` on the example in tests/docs/test_examples.py."""
 
 from __future__ import annotations
 

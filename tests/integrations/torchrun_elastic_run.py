@@ -1,11 +1,11 @@
-"""One worker of tests/test_torchrun_elastic.py: ``examples/torchrun_elastic.py``'s ``train``, with each
+"""One worker of tests/integrations/test_torchrun_elastic.py: ``examples/torchrun_elastic.py``'s ``train``, with each
 step it took appended to ROOT/steps/restart<C>-rank<R>.jsonl.
 
 With ``ELASTIC_TEST_PAUSE_AT=K`` (and ``ELASTIC_TEST_PAUSE_LOCAL_RANK=L``: only that local rank), a
 worker of the first start pauses after step K, writes its pid to ROOT/paused-<rank> and waits there
 for the test to kill it: the kill lands after an exact step, without a sleep.
 
-    torchrun ... tests/torchrun_elastic_run.py ROOT EPOCHS EVERY
+    torchrun ... tests/integrations/torchrun_elastic_run.py ROOT EPOCHS EVERY
 """
 
 from __future__ import annotations

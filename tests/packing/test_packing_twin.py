@@ -1,7 +1,7 @@
 """Twin test of the row samplers (``PackedRows`` split and whole, ``TokenBudgetBatches``) under the core's
 contract (docs/core.md, "Epoch ends and early exits"): restored equals live, for every later call.
 
-This is ``tests/test_twin_sampler.py``'s machine (iter, next k times, break, a second iterator,
+This is ``tests/core/test_twin_sampler.py``'s machine (iter, next k times, break, a second iterator,
 ``set_epoch(any)``, saves with and without ``consumed_batches``, ``len``/``remaining_length``/
 ``indices``/``epoch``/``state_dict`` compared after every rule) driving row samplers on 1-3 ranks under
 every tail they take. What the samplers yield is compared with each row's ``SampleKey`` (a row plan's

@@ -1,6 +1,6 @@
 """Twin test of ``ResumableLoader`` over the row samplers (docs/core.md, "Epoch ends and early exits").
 
-``tests/test_twin_loader.py``'s machine (iter, counted ``next()``, a ``break``, a loop to
+``tests/core/test_twin_loader.py``'s machine (iter, counted ``next()``, a ``break``, a loop to
 ``StopIteration``, ``zip(range(len(loader)), loader)``, ``set_epoch(any)``, two interleaved iterators,
 saves anywhere; ``len``, ``epoch`` and the saved state compared after every rule) over a real
 ``DataLoader`` at 0 and 2 workers: ``PackedRows`` (split and whole) as its ``sampler``, and

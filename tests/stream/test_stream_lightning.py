@@ -1,6 +1,6 @@
 """Lightning with ``SamplerCheckpoint`` over a ``ShardedStream`` in a ``LightningDataModule``: a fit stopped
 by ``max_steps`` resumes exactly in-process, and 2 DDP processes with 2 workers each, SIGKILLed
-mid-epoch, resume exactly on both ranks (tests/stream_lightning_run.py, the README's pattern)."""
+mid-epoch, resume exactly on both ranks (tests/stream/stream_lightning_run.py, the README's pattern)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Twin test of ``ResumableLoader`` over a ``ShardedStream`` (issue 18 on issue 17's loader): the
-machine of tests/test_twin_loader.py, every way a loop is written (counted ``next()``, ``break``, a
+machine of tests/core/test_twin_loader.py, every way a loop is written (counted ``next()``, ``break``, a
 loop to ``StopIteration``, ``zip(range(len(loader)), loader)``, ``set_epoch`` after any of them or
 forgotten, two interleaved iterators, saves anywhere), with a stream in the place of the sampler.
 A live loader per rank and a twin restored from its states must yield the same batches and report
@@ -50,7 +50,7 @@ class ResumableStreamTwins(ResumableTwins):
     def build(self, counts: list[int], batch_size: int, window: int, tail: str, world_size: int) -> None:
         world_size = min(world_size, self.max_world)
         if tail == "drop" and sum(counts) < world_size:
-            tail = "pad"  # drop would leave no record: refused (tests/test_stream_passes.py), not a twin case
+            tail = "pad"  # drop would leave no record: refused (tests/stream/test_stream_passes.py), not a twin case
         self.config = StreamConfig(tuple(counts), batch_size, window, tail, world_size)  # type: ignore[assignment]
         self.live = [self.make(self.config, rank) for rank in range(world_size)]  # type: ignore[arg-type]
         self.twin = None

@@ -1,4 +1,4 @@
-"""A plain PyTorch training that ``stateful-sampler verify -- COMMAND`` runs (tests/test_verify_command.py).
+"""A plain PyTorch training that ``stateful-sampler verify -- COMMAND`` runs (tests/verify/test_verify_command.py).
 
 It meets verify's contract for commands and is not edited for verify: its batches pass through a
 ``ResumableLoader``, it checkpoints into ``--root`` every ``--every`` steps and resumes from there
