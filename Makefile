@@ -27,7 +27,7 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
 	$(PY) -m pytest $(XDIST)
 
-# The inner loop, in 3 minutes on 2 cores: every test not marked slow (each module's unit, property and
+# The inner loop (its budget: 3 minutes on 2 cores): every test not marked slow (each module's unit, property and
 # twin tests; the multi-process, SIGKILL and framework-launch tests are the slow ones), with a tenth of
 # each hypothesis budget (the fast profile, tests/helpers.py: scaled_examples). .ci/run runs it first.
 test-fast: $(STAMP)
