@@ -18,16 +18,20 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # The suite's test files on TEST_WORKERS processes (pytest-xdist), each file on one worker (its module
-# fixtures run once); tests/conftest.py hands out the files with the most slow tests first.
+# fixtures run once), in the order of tests/conftest.py: the files with the most slow tests first.
+# --no-loadscope-reorder keeps that order (pytest-xdist would hand the files out by test count, and a
+# long file with few tests would start last, the other worker idle).
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest $(XDIST)
 
-# The inner loop: every test not marked slow (each module's unit, property and twin tests; the
-# multi-process, SIGKILL and framework-launch tests are the slow ones). .ci/run runs it first.
+# The inner loop (its budget: 3 minutes on 2 cores): every test not marked slow (each module's unit, property and
+# twin tests; the multi-process, SIGKILL and framework-launch tests are the slow ones), with a tenth of
+# each hypothesis budget (the fast profile, tests/helpers.py: scaled_examples). .ci/run runs it first.
 test-fast: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	$(PY) -m pytest $(XDIST) -m "not slow" --hypothesis-profile fast
 
 # The stream benchmark's peers (litdata, mosaicml-streaming, HF datasets with torchdata) in a venv
 # of their own: in .venv they would replace torch 2.13.0 (docs/streaming.md, "Side by side").

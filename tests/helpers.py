@@ -10,7 +10,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from hypothesis import settings
+
 from stateful_sampler import StatefulSampler
+
+
+def scaled_examples(full: int) -> int:
+    """A property's hypothesis budget: ``full`` examples under the default and ci profiles (``make test``),
+    a tenth of them (at least one) under the fast profile of ``make test-fast``, which must run every test
+    not marked slow in 3 minutes. The explicit examples (``@example``) run in both."""
+    return max(1, full * settings.default.max_examples // 100)
 
 
 def make_ranks(size: int, world_size: int, **kwargs: Any) -> list[StatefulSampler]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,7 +54,7 @@ def sigkilled_run(
     then run again; ``workers`` are the loader workers of the whole run and of the cut one."""
     script = Path(__file__).with_name("strategy_loop_script.py")
     run = lambda *args: subprocess.run([sys.executable, str(script), "--strategy", strategy, *map(str, args)],
-                                       timeout=300)  # fmt: skip
+                                       timeout=300, check=False)  # fmt: skip
     whole, cut = workers
     assert run("--record", tmp_path / "whole.jsonl", "--state", tmp_path / "whole.json", "--workers", whole
                ).returncode == 0  # fmt: skip
@@ -79,7 +80,7 @@ def elastic_resume(
     and every unconsumed position of the epoch exactly once, in the uninterrupted order; only ``pad`` adds
     repeats."""
     before, after = worlds
-    config: dict[str, Any] = dict(seed=seed, tail=tail, batch_size=batch_size)
+    config: dict[str, Any] = {"seed": seed, "tail": tail, "batch_size": batch_size}
     saving = [StatefulSampler(size, strategy=strategy(), num_replicas=before, rank=r, **config) for r in range(before)]
     for sampler in saving:
         sampler.set_epoch(epoch)

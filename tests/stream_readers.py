@@ -1,6 +1,6 @@
 """The shards each format reader is tested on: written here (tar, Arrow) or copied from tests/fixtures (written by
 the formats' own writers: MDS, LitData, a saved HF dataset), and how to open them. Shared by the reader contract
-test and the kill harness (tests/stream_kill_run.py ``--reader``), which runs in its own process.
+test and the kill harness (tests/stream/stream_kill_run.py ``--reader``), which runs in its own process.
 
 Every record carries an id, unique in its dataset (``record_id``), so a test can say which record arrived."""
 

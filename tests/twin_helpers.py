@@ -26,6 +26,7 @@ from stateful_sampler import (
     Stratified,
     Weighted,
 )
+from tests.helpers import scaled_examples
 
 TAILS = ("pad", "drop", "uneven", "carry")
 KINDS = ("uniform", "weighted", "stratified", "grouped", "length_grouped", "curriculum", "mixture")
@@ -174,5 +175,5 @@ def worker_variant(base: Machine, workers: int, examples: int, worker_examples: 
     machine = type(f"{base.__name__}_{workers}_workers", (base,),
                    {"workers": workers, "max_world": max_world if workers == 0 else 1})  # fmt: skip
     runs, steps = (examples, 20) if workers == 0 else (worker_examples, 12)
-    machine.TestCase.settings = settings(max_examples=runs, stateful_step_count=steps, deadline=None)  # type: ignore[attr-defined]
+    machine.TestCase.settings = settings(max_examples=scaled_examples(runs), stateful_step_count=steps, deadline=None)  # type: ignore[attr-defined]
     return machine  # type: ignore[return-value]

@@ -22,10 +22,10 @@ from torch.utils.data import BatchSampler, DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from stateful_sampler import StatefulSampler, TokenBudgetBatches  # noqa: E402
-from stateful_sampler.accelerate import prepare_loader  # noqa: E402
-from stateful_sampler.stream import ShardedStream  # noqa: E402
-from tests.stream_helpers import Rows  # noqa: E402
+from stateful_sampler import StatefulSampler, TokenBudgetBatches
+from stateful_sampler.accelerate import prepare_loader
+from stateful_sampler.stream import ShardedStream
+from tests.stream_helpers import Rows
 
 SIZE, BATCH = 40, 4
 STREAM_COUNTS = [10, 10, 10, 10]  # records 0..9, 100..109, 200..209, 300..309

@@ -1,7 +1,7 @@
 """HF Accelerate, 2 CPU processes launched by ``accelerate launch`` (torchrun, gloo): examples/accelerate_train.py.
 
 The SIGKILL mid-epoch and resume, every batch and the final weights against an uninterrupted run, is
-``stateful-sampler verify`` on the example in tests/test_examples.py."""
+``stateful-sampler verify`` on the example in tests/docs/test_examples.py."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from tests.integrations.harness import Run, assert_each_epoch_is_split_without_o
 from tests.stream_helpers import Rows
 
 accelerate = pytest.importorskip("accelerate")
-from accelerate.data_loader import prepare_data_loader  # noqa: E402
+from accelerate.data_loader import prepare_data_loader
 
-from stateful_sampler.accelerate import prepare_loader  # noqa: E402
-from tests.integrations.accelerate_configs_run import CONFIGS, records  # noqa: E402
+from stateful_sampler.accelerate import prepare_loader
+from tests.integrations.accelerate_configs_run import CONFIGS, records
 
 # `--cpu` alone runs one process unless MPI is installed; `--multi_gpu` picks Accelerate's torchrun launcher,
 # and the script's Accelerator(cpu=True) keeps it on the CPU with gloo.

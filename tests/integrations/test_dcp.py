@@ -1,7 +1,7 @@
 """torch.distributed.checkpoint, 2 CPU processes (torchrun, gloo): examples/dcp_train.py resumed on 1 rank.
 
 The exact resume on 2 ranks (SIGKILL mid-epoch, every batch and the final weights against an uninterrupted
-run) is ``stateful-sampler verify`` on the example in tests/test_examples.py."""
+run) is ``stateful-sampler verify`` on the example in tests/docs/test_examples.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Lightning Fabric, 2 CPU processes (DDP, gloo), 2 DataLoader workers each: examples/fabric_train.py.
 
 The SIGKILL mid-epoch and resume, every batch and the final weights against an uninterrupted run, is
-``stateful-sampler verify`` on the example in tests/test_examples.py."""
+``stateful-sampler verify`` on the example in tests/docs/test_examples.py."""
 
 from __future__ import annotations
 

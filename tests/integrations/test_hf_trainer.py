@@ -1,7 +1,7 @@
 """HF Transformers Trainer, 2 CPU processes (torchrun, gloo), a tiny GPT-2 from a config: examples/hf_trainer.py.
 
 The SIGKILL mid-epoch and resume without replay, every batch and the final weights (dropout included)
-against an uninterrupted run, is ``stateful-sampler verify`` on the example in tests/test_examples.py."""
+against an uninterrupted run, is ``stateful-sampler verify`` on the example in tests/docs/test_examples.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from tests.integrations.harness import Run, assert_each_epoch_is_split_without_overlap, run
 
 transformers = pytest.importorskip("transformers")
-from stateful_sampler.hf_trainer import STATE_FILE, ResumableTrainer  # noqa: E402
+from stateful_sampler.hf_trainer import STATE_FILE, ResumableTrainer
 
 SCRIPT = ["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "examples/hf_trainer.py"]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.lightning.ddp_callback_run import SeedPerRank, weights  # noqa: E402
-from tests.lightning.lightning_harness import SaveAt, fit  # noqa: E402
-from tests.lightning.test_batch_sampler_resume import BUDGET_SETUP, BudgetModel  # noqa: E402
+from tests.lightning.ddp_callback_run import SeedPerRank, weights
+from tests.lightning.lightning_harness import SaveAt, fit
+from tests.lightning.test_batch_sampler_resume import BUDGET_SETUP, BudgetModel
 
 SETUP = BUDGET_SETUP.with_(max_epochs=2)
 
@@ -44,7 +44,7 @@ def run(out_dir: Path, mode: str) -> None:
             type(loader.batch_sampler).__name__,
             loader.batch_sampler.num_replicas,
             loader.batch_sampler.rank,
-        ],  # fmt: skip
+        ],
         "record": full.record,
         "epochs": full.epochs,
         "weights": weights(full),

@@ -18,11 +18,11 @@ from pathlib import Path
 warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch  # noqa: E402
+import torch
 
-from tests.lightning.lightning_harness import Callback, SaveAt, Setup, fit  # noqa: E402
+from tests.lightning.lightning_harness import Callback, SaveAt, Setup, fit
 
-DDP = dict(strategy="ddp", devices=2)
+DDP = {"strategy": "ddp", "devices": 2}
 
 # N=21 on 2 ranks with batch 2: pad gives 11 slots a rank (6 steps, one padded slot an epoch),
 # drop 10 (5 steps, one record dropped an epoch). Carry takes whole global batches of 4 from
@@ -30,16 +30,19 @@ DDP = dict(strategy="ddp", devices=2)
 CASES = {
     "pad": (
         Setup(size=21, batch_size=2, tail="pad", keys=True, max_epochs=2, dropout=0.5),
-        dict(after_batches=(4,), after_epochs=(0,)),
+        {"after_batches": (4,), "after_epochs": (0,)},
     ),
     # Forking a worker from a rank whose gloo threads are running can hang the child in CPython's
     # after-fork clean-up (seen here once in a few runs): start workers from a fork server.
     "pad-workers2": (
         Setup(size=21, batch_size=2, tail="pad", num_workers=2, worker_start="forkserver", max_epochs=2),
-        dict(after_batches=(4, 9)),
+        {"after_batches": (4, 9)},
     ),
-    "drop": (Setup(size=21, batch_size=2, tail="drop", max_epochs=2), dict(after_batches=(7,))),
-    "carry": (Setup(size=19, batch_size=2, tail="carry", max_epochs=3), dict(after_batches=(7, 12), after_epochs=(0,))),
+    "drop": (Setup(size=21, batch_size=2, tail="drop", max_epochs=2), {"after_batches": (7,)}),
+    "carry": (
+        Setup(size=19, batch_size=2, tail="carry", max_epochs=3),
+        {"after_batches": (7, 12), "after_epochs": (0,)},
+    ),
 }
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.lightning.killed_run import KillAt  # noqa: E402
-from tests.lightning.lightning_harness import fit  # noqa: E402
-from tests.lightning.stop_modes import every_4_steps  # noqa: E402
-from tests.lightning.test_batch_sampler_resume import BUDGET_SETUP, BudgetModel  # noqa: E402
+from tests.lightning.killed_run import KillAt
+from tests.lightning.lightning_harness import fit
+from tests.lightning.stop_modes import every_4_steps
+from tests.lightning.test_batch_sampler_resume import BUDGET_SETUP, BudgetModel
 
 if __name__ == "__main__":
     directory, workers = Path(sys.argv[1]), int(sys.argv[2])

@@ -17,8 +17,8 @@ from typing import Any
 warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.lightning.lightning_harness import Callback, Setup, Trainer, fit  # noqa: E402
-from tests.lightning.stop_modes import KILL_AT, STOP_SETUP, every_4_steps  # noqa: E402
+from tests.lightning.lightning_harness import Callback, Setup, Trainer, fit
+from tests.lightning.stop_modes import KILL_AT, STOP_SETUP, every_4_steps
 
 
 class KillAt(Callback):

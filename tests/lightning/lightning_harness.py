@@ -8,9 +8,10 @@ equal, exactly, the record of the run that went on uninterrupted.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -34,8 +35,8 @@ if PACKAGE == "pytorch_lightning":
 
     from stateful_sampler.pytorch_lightning import SamplerCheckpoint
 elif PACKAGE == "lightning":
-    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
     from lightning import __version__ as VERSION
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
     from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
     from lightning.pytorch.strategies import SingleDeviceStrategy
@@ -46,8 +47,16 @@ else:
 RELEASE = tuple(int(part) for part in VERSION.split(".")[:2])  # Lightning < 2.5 restarts loops otherwise
 
 __all__ = [
-    "Callback", "DistributedSamplerWrapper", "LightningModule", "ModelCheckpoint", "OnExceptionCheckpoint",
-    "RELEASE", "SamplerCheckpoint", "SingleDeviceStrategy", "Trainer", "seed_everything",
+    "RELEASE",
+    "Callback",
+    "DistributedSamplerWrapper",
+    "LightningModule",
+    "ModelCheckpoint",
+    "OnExceptionCheckpoint",
+    "SamplerCheckpoint",
+    "SingleDeviceStrategy",
+    "Trainer",
+    "seed_everything",
 ]  # fmt: skip
 
 
@@ -254,21 +263,21 @@ def fit(
 
 def make_trainer(setup: Setup, callbacks: Sequence[Callback] = (), **trainer_args: Any) -> Trainer:
     """A CPU ``Trainer`` for ``setup`` (with ``SamplerCheckpoint`` if ``setup.callback``)."""
-    args: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=setup.max_epochs,
-        accumulate_grad_batches=setup.accumulate_grad_batches,
-        val_check_interval=setup.val_check_interval,
-        limit_val_batches=1.0 if setup.validate else 0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        deterministic=True,
-        callbacks=[*callbacks, *([SamplerCheckpoint()] if setup.callback else [])],
-    )
+    args: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_epochs": setup.max_epochs,
+        "accumulate_grad_batches": setup.accumulate_grad_batches,
+        "val_check_interval": setup.val_check_interval,
+        "limit_val_batches": 1.0 if setup.validate else 0,
+        "num_sanity_val_steps": 0,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "deterministic": True,
+        "callbacks": [*callbacks, *([SamplerCheckpoint()] if setup.callback else [])],
+    }
     return Trainer(**{**args, **trainer_args})
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -58,7 +59,9 @@ class RaiseAt(Callback):
 def sigkill(setup: Setup, directory: Path) -> RecordingModel:
     script = Path(__file__).with_name("killed_run.py")
     arguments = [str(directory), str(setup.num_workers), str(int(setup.stateful_loader))]
-    killed = subprocess.run([sys.executable, str(script), *arguments], start_new_session=True, timeout=TIMEOUT)
+    killed = subprocess.run(
+        [sys.executable, str(script), *arguments], start_new_session=True, timeout=TIMEOUT, check=False
+    )
     assert killed.returncode == -signal.SIGKILL
     assert torch.load(directory / "last.ckpt", weights_only=False)["global_step"] == 8
     return fit(setup, [every_4_steps(directory)], ckpt_path="last", enable_checkpointing=True)

@@ -13,26 +13,27 @@ from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader
 
 from stateful_sampler import StatefulSampler
+from tests.helpers import scaled_examples
 from tests.lightning.lightning_harness import (
     RELEASE,
     WORKERS,
     Callback,
-    ModelCheckpoint,
-    SingleDeviceStrategy,
-    Trainer,
     IndexDataset,
+    ModelCheckpoint,
     RecordingModel,
     SaveAt,
     Setup,
+    SingleDeviceStrategy,
+    Trainer,
     fit,
     resumed_record,
-    without_resume_guard,
     setups,
+    without_resume_guard,
 )
 
 # 22 records in batches of 4: 6 steps an epoch, the last one of 2 records. batch3 is mid epoch 0,
 # batch6 is its last batch, batch8 is mid epoch 1; epoch0/epoch1 are end-of-epoch checkpoints.
-POINTS = dict(after_batches=(3, 6, 8), after_epochs=(0, 1))
+POINTS = {"after_batches": (3, 6, 8), "after_epochs": (0, 1)}
 CHECKPOINTS = {"batch3", "batch6", "batch8", "epoch0", "epoch1"}
 
 CASES = {
@@ -232,7 +233,7 @@ def test_without_a_checkpoint_the_callback_changes_nothing(setup: Setup) -> None
     assert torch.equal(with_callback.layer.weight, without.layer.weight)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=scaled_examples(40), deadline=None)
 @given(
     tail=st.sampled_from(["pad", "drop", "uneven", "carry"]),
     size=st.integers(5, 23),

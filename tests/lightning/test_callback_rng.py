@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stateful_sampler.lightning.callback import _SavedPosition
-from tests.lightning.lightning_harness import SamplerCheckpoint, SaveAt, Setup, fit, make_trainer, RecordingModel
+from tests.lightning.lightning_harness import RecordingModel, SamplerCheckpoint, SaveAt, Setup, make_trainer
 
 
 def saved_entry(tmp_path: Path, callback: SamplerCheckpoint) -> dict:

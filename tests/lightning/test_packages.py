@@ -42,6 +42,7 @@ def test_both_callbacks_share_one_implementation_and_one_checkpoint_key() -> Non
     assert for_classic.SamplerSetupError is for_lightning.SamplerSetupError
 
 
+@pytest.mark.slow  # fresh interpreters, one per import
 def test_the_verify_core_and_the_classic_callback_import_no_lightning() -> None:
     program = (
         "import sys\n"

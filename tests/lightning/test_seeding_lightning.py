@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from stateful_sampler import StatefulSampler
 from stateful_sampler.seeding import SeededDataset
 from tests.lightning.lightning_harness import Callback, LightningModule, SamplerCheckpoint, Trainer
-from tests.test_seeding_loader import BATCH, EPOCHS, SEED, Augmented, perturb_main_rng, rows_of, uninterrupted
+from tests.seeding.test_seeding_loader import BATCH, EPOCHS, SEED, Augmented, perturb_main_rng, rows_of, uninterrupted
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 

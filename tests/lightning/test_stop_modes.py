@@ -5,8 +5,8 @@ and ends with bitwise the same weights. The uninterrupted fits are shared across
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch

@@ -21,11 +21,11 @@ from stateful_sampler import StatefulSampler
 from tests.lightning.lightning_harness import WORKERS
 
 accelerate = pytest.importorskip("accelerate")
-from accelerate import Accelerator  # noqa: E402
-from accelerate.state import AcceleratorState, PartialState  # noqa: E402
-from accelerate.utils import ProjectConfiguration, set_seed  # noqa: E402
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, PartialState
+from accelerate.utils import ProjectConfiguration, set_seed
 
-from stateful_sampler.accelerate import prepare_loader  # noqa: E402
+from stateful_sampler.accelerate import prepare_loader
 
 BATCH_SIZE = 16
 
@@ -125,7 +125,7 @@ def test_can_resume_training(num_workers: int, use_safetensors: bool, tmp_path: 
     set_seed(42)
     project_config = ProjectConfiguration(iteration=1, automatic_checkpoint_naming=True)
     accelerator = Accelerator(project_dir=tmpdir, project_config=project_config, cpu=True)
-    model, optimizer, train_dataloader, valid_dataloader = prepare(accelerator, num_workers)
+    model, optimizer, train_dataloader, _valid_dataloader = prepare(accelerator, num_workers)
     accelerator.load_state(os.path.join(tmpdir, "checkpoints", "checkpoint_0"))
     (a2, b2) = model.a.item(), model.b.item()
     opt_state2 = optimizer.state_dict()

@@ -1,0 +1,114 @@
+"""The ``fast`` order's permutation: a bijection at every size, and a fair shuffle."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch.utils.data import DataLoader
+
+from stateful_sampler import StatefulSampler
+from stateful_sampler.order.permutation import MAX_SIZE, FeistelPermutation
+
+
+def assert_bijection(size: int, seed: int = 0, pass_index: int = 0) -> None:
+    values = FeistelPermutation(size, seed, pass_index)(np.arange(size, dtype=np.int64))
+    assert values.dtype == np.int64
+    assert values.shape == (size,)
+    if size:
+        assert 0 <= values.min() and values.max() < size
+    assert np.array_equal(np.bincount(values, minlength=size), np.ones(size, dtype=np.int64))
+
+
+def edge_lengths(max_exponent: int) -> list[int]:
+    """4^k, 4^k±1, 2^k±1 and primes near powers of two: where Grain's index shuffle broke."""
+    sizes = set()
+    for k in range(1, max_exponent + 1):
+        sizes.update({2**k - 1, 2**k, 2**k + 1})
+        if 2 * k <= max_exponent:
+            sizes.update({4**k - 1, 4**k, 4**k + 1})
+    sizes.update({65521, 65537, 1048573, 1048583, 16777213, 16777259})  # primes around 2^16, 2^20, 2^24
+    return sorted(s for s in sizes if s <= 2**max_exponent + 1)
+
+
+@pytest.mark.slow  # exhaustive: every size; the edge lengths below stay fast
+def test_every_size_up_to_2_pow_14_is_a_bijection() -> None:
+    """Every size, exhaustively, where that is cheap (the cost of size N is N; 2**16 took a minute of
+    CI); above it the edge lengths below, where cycle-walking shuffles have broken."""
+    for size in range(2**14 + 2):
+        assert_bijection(size, seed=size % 7)
+
+
+@pytest.mark.parametrize("size", edge_lengths(24))
+def test_edge_lengths_up_to_2_pow_24_are_bijections(size: int) -> None:
+    assert_bijection(size, seed=3, pass_index=1)
+
+
+@pytest.mark.parametrize(
+    "size", [2**32 + 1, 4**18 + 1, 4**20, 2**40 - 1, 2**40, 2**40 + 1, 1099511627791, MAX_SIZE - 1]
+)
+def test_sizes_up_to_2_pow_40_and_beyond_round_trip(size: int) -> None:
+    """Too large to enumerate (a Feistel network is a bijection by construction): the values land
+    in range and are distinct, on a contiguous block at each end and a random sample."""
+    perm = FeistelPermutation(size, seed=11, pass_index=2)
+    rng = np.random.default_rng(size % 2**32)
+    positions = np.concatenate(
+        [
+            np.arange(4096, dtype=np.int64),
+            np.arange(size - 4096, size, dtype=np.int64),
+            rng.integers(0, size, 50_000, dtype=np.int64),
+        ]
+    )
+    positions = np.unique(positions)
+    values = perm(positions)
+    assert values.min() >= 0 and values.max() < size
+    assert np.unique(values).size == positions.size
+
+
+def test_size_bounds() -> None:
+    with pytest.raises(ValueError, match=r"size must lie in \[0, 2\*\*62\)"):
+        FeistelPermutation(MAX_SIZE, 0, 0)
+    assert_bijection(0)
+    assert_bijection(1)
+
+
+@pytest.mark.parametrize("size", [2, 3, 10, 17, 100, 1025, 5000])
+def test_each_record_equally_likely_at_each_position(size: int) -> None:
+    """Chi-square over (position, record) counts from many seeds; deterministic seeds, so the
+    p-value is a fixed number: the bound is a real quality bar, not a flaky draw."""
+    seeds = 6000 if size <= 17 else 30 * size if size <= 100 else 400
+    positions = np.arange(size, dtype=np.int64) if size <= 100 else np.arange(0, size, size // 50, dtype=np.int64)
+    counts = np.zeros((positions.size, size))
+    for seed in range(seeds):
+        counts[np.arange(positions.size), FeistelPermutation(size, seed, 0)(positions)] += 1
+    expected = seeds / size
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    dof = positions.size * (size - 1)
+    assert stats.chi2.sf(chi2, dof) > 1e-4, (chi2, dof)
+
+
+def test_epochs_and_seeds_give_different_orders() -> None:
+    size = 1000
+    orders = {
+        tuple(FeistelPermutation(size, seed, epoch)(np.arange(size, dtype=np.int64)))
+        for seed, epoch in itertools.product(range(5), range(5))
+    }
+    assert len(orders) == 25
+
+
+@pytest.mark.slow
+def test_batch_mates_cover_everyone_with_workers() -> None:
+    """10 samples, batch 4, 2 workers, 20 epochs: every sample shares a batch with all 9 others
+    (a per-worker chunked shuffle only ever mixes fixed groups and fails this)."""
+    sampler = StatefulSampler(10, seed=0, batch_size=4)
+    loader = DataLoader(torch.arange(10), sampler=sampler, batch_size=4, num_workers=2)
+    mates: dict[int, set[int]] = {i: set() for i in range(10)}
+    for epoch in range(20):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            for record in batch.tolist():
+                mates[record].update(set(batch.tolist()) - {record})
+    assert {record: len(others) for record, others in mates.items()} == {i: 9 for i in range(10)}
