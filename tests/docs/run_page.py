@@ -1,0 +1,104 @@
+"""Runs one doc page's code blocks in order, in this process, in the current (fresh, temporary) directory:
+``python run_page.py BLOCKS.json RESULTS.json``. tests/docs/test_code_blocks.py writes the blocks and reads
+one result a block, ``{"error": None}`` or the traceback or the difference in output.
+
+The python blocks of a page share one namespace, as a reader who pastes them one after another into one
+interpreter; a shell block runs in bash here, with this interpreter's ``bin/`` first on ``PATH``, so that
+``python`` and ``stateful-sampler`` are the ones under test. A block after a failed python block is not run:
+it would fail for its predecessor's reason."""
+
+from __future__ import annotations
+
+import ast
+import doctest
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+SHELL_TIMEOUT = 60  # seconds a shell command may take: the ones that run are --help and small audits
+
+
+def import_statements(source: str) -> str:
+    """The block's imports of this package, alone: what a fragment that cannot run still must get right."""
+    tree = ast.parse(source)
+    ours = [
+        node
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "stateful_sampler")
+        or (
+            isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "stateful_sampler" for alias in node.names)
+        )
+    ]
+    return "\n".join(ast.unparse(node) for node in ours)
+
+
+def run_python(block: dict, namespace: dict) -> None:
+    code = compile(block["source"], block["name"], "exec")
+    if block["run"]:
+        exec(code, namespace)  # noqa: S102  # the page's own example, as a reader runs it
+    else:
+        exec(compile(import_statements(block["source"]), block["name"], "exec"), {})  # noqa: S102
+
+
+def shell_commands(language: str, source: str) -> list[tuple[str, str]]:
+    """(command, expected output) pairs: a console block's ``$ `` lines and the lines under each, or every
+    line of a bash block (continuations joined), expecting nothing in particular."""
+    lines = source.splitlines()
+    if language != "console":
+        joined = "\n".join(lines).replace("\\\n", " ").splitlines()
+        return [(command, "") for command in joined if command.strip() and not command.lstrip().startswith("#")]
+    pairs: list[tuple[str, list[str]]] = []
+    for line in lines:
+        if line.startswith("$ "):
+            pairs.append((line[2:], []))
+        elif pairs:
+            pairs[-1][1].append(line)
+    return [(command, "\n".join(output)) for command, output in pairs]
+
+
+def run_shell(block: dict) -> str | None:
+    environment = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    checker = doctest.OutputChecker()
+    for command, expected in shell_commands(block["language"], block["source"]):
+        done = subprocess.run(
+            ["bash", "-c", command], capture_output=True, text=True, timeout=SHELL_TIMEOUT, env=environment, check=False
+        )
+        if done.returncode != 0:
+            return f"`{command}` exited {done.returncode}:\n{done.stdout}{done.stderr}"
+        want = expected.replace("…", "...") + "\n" if expected.strip() else ""
+        options = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+        if want and not checker.check_output(want, done.stdout, options):
+            return f"`{command}` printed other output than the block shows:\n" + checker.output_difference(
+                doctest.Example(command, want), done.stdout, options
+            )
+    return None
+
+
+def main(blocks_path: str, results_path: str) -> None:
+    blocks = json.loads(Path(blocks_path).read_text())
+    namespace: dict = {"__name__": "__main__"}
+    results = []
+    failed = None
+    for block in blocks:
+        if failed is not None and block["run"] and block["language"] == "python":
+            results.append({"error": f"not run: the block at {failed} before it failed"})
+            continue
+        try:
+            if block["language"] == "python":
+                run_python(block, namespace)
+                error = None
+            else:
+                error = run_shell(block)
+        except BaseException:  # noqa: BLE001  # a SystemExit or KeyboardInterrupt of a block is its failure too
+            error = traceback.format_exc()
+        if error is not None and block["language"] == "python" and block["run"]:
+            failed = block["name"]
+        results.append({"error": error})
+    Path(results_path).write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
