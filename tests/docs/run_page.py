@@ -4,21 +4,27 @@ one result a block, ``{"error": None}`` or the traceback or the difference in ou
 
 The python blocks of a page share one namespace, as a reader who pastes them one after another into one
 interpreter; a shell block runs in bash here, with this interpreter's ``bin/`` first on ``PATH``, so that
-``python`` and ``stateful-sampler`` are the ones under test. A block after a failed python block is not run:
+``python`` and ``stateful-sampler`` are the ones under test (a plain ``stateful-sampler`` command runs in this
+process, through the function its entry point calls). A block after a failed python block is not run:
 it would fail for its predecessor's reason."""
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import doctest
+import io
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import traceback
 from pathlib import Path
 
 SHELL_TIMEOUT = 60  # seconds a shell command may take: the ones that run are --help and small audits
+SHELL_SYNTAX = re.compile(r"[|&;<>()$`*?]")  # pipes, redirections, substitutions, globs: bash's to run
 
 
 def import_statements(source: str) -> str:
@@ -59,20 +65,38 @@ def shell_commands(language: str, source: str) -> list[tuple[str, str]]:
     return [(command, "\n".join(output)) for command, output in pairs]
 
 
-def run_shell(block: dict) -> str | None:
+def run_command(command: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr). ``stateful-sampler ARGS`` without shell syntax runs here, through the
+    entry point's own ``stateful_sampler.cli.main`` (no second interpreter to start); the rest in bash."""
+    words = shlex.split(command, comments=True)
+    if words[0] == "stateful-sampler" and not SHELL_SYNTAX.search(command.split("#")[0]):
+        from stateful_sampler.cli import main as cli_main
+
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli_main(words[1:])
+            except SystemExit as exit_:  # --help, --version and argparse's errors exit
+                code = exit_.code if isinstance(exit_.code, int) else 1
+        return code, out.getvalue(), err.getvalue()
     environment = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=SHELL_TIMEOUT, env=environment, check=False
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def run_shell(block: dict) -> str | None:
     checker = doctest.OutputChecker()
+    options = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
     for command, expected in shell_commands(block["language"], block["source"]):
-        done = subprocess.run(
-            ["bash", "-c", command], capture_output=True, text=True, timeout=SHELL_TIMEOUT, env=environment, check=False
-        )
-        if done.returncode != 0:
-            return f"`{command}` exited {done.returncode}:\n{done.stdout}{done.stderr}"
+        code, stdout, stderr = run_command(command)
+        if code != 0:
+            return f"`{command}` exited {code}:\n{stdout}{stderr}"
         want = expected.replace("…", "...") + "\n" if expected.strip() else ""
-        options = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-        if want and not checker.check_output(want, done.stdout, options):
+        if want and not checker.check_output(want, stdout, options):
             return f"`{command}` printed other output than the block shows:\n" + checker.output_difference(
-                doctest.Example(command, want), done.stdout, options
+                doctest.Example(command, want), stdout, options
             )
     return None
 

@@ -12,7 +12,9 @@ What "runs" means, per language:
 
 - ``python``: executed. The python blocks of one page run in order in one fresh process (tests/docs/run_page.py),
   in a fresh temporary working directory, sharing one namespace: a block may use what the page's blocks above
-  it defined. Everything a block needs, it imports or a block above it defines.
+  it defined. Everything of this package or another library that a block uses, it imports or a block above
+  it imported. What the reader brings (a dataset, labels, a model, a training step, shard files) the page's
+  prelude in tests/docs/preludes.py defines, small, before the first block.
 - ``bash``, ``sh``, ``shell``, ``console``: run in bash, in the same directory, when they are safe and cheap;
   anything else (installs, training runs, launchers, ``make``) is marked. In a ``console`` block the lines
   starting with ``$ `` are the commands and the lines under each are its output, compared with what it prints
@@ -37,6 +39,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.docs.preludes import PRELUDES
 from tests.docs.run_page import shell_commands
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,9 +127,16 @@ def page_results(page: str) -> dict[int, str | None]:
     blocks = [block for block in BLOCKS if block.page == page and (block.language == "python" or is_run(block))]
     with tempfile.TemporaryDirectory(prefix="doc-blocks-") as work:
         listing, results = Path(work, ".blocks.json"), Path(work, ".results.json")
+        prelude = {
+            "name": f"{page} (its prelude in tests/docs/preludes.py)",
+            "language": "python",
+            "source": PRELUDES.get(page, ""),
+            "run": True,
+        }
         listing.write_text(
             json.dumps(
-                [
+                [prelude]
+                + [
                     {"name": block.name, "language": block.language, "source": block.source, "run": is_run(block)}
                     for block in blocks
                 ]
@@ -134,10 +144,15 @@ def page_results(page: str) -> dict[int, str | None]:
         )
         done = subprocess.run(
             [sys.executable, str(RUNNER), str(listing), str(results)],
-            cwd=work, capture_output=True, text=True, timeout=PAGE_TIMEOUT, check=False,
-        )  # fmt: skip
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=PAGE_TIMEOUT,
+            check=False,
+        )
         assert done.returncode == 0, f"the runner of {page} failed:\n{done.stdout}{done.stderr}"
-        errors = json.loads(results.read_text())
+        prelude_result, *errors = json.loads(results.read_text())
+    assert prelude_result["error"] is None, f"the prelude of {page} failed:\n{prelude_result['error']}"
     return {block.line: result["error"] for block, result in zip(blocks, errors, strict=True)}
 
 
