@@ -13,9 +13,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import doctest
+import importlib.util
 import io
 import json
 import os
+import pkgutil
 import re
 import shlex
 import subprocess
@@ -27,18 +29,40 @@ SHELL_TIMEOUT = 60  # seconds a shell command may take: the ones that run are --
 SHELL_SYNTAX = re.compile(r"[|&;<>()$`*?]")  # pipes, redirections, substitutions, globs: bash's to run
 
 
-def import_statements(source: str) -> str:
-    """The block's imports of this package, alone: what a fragment that cannot run still must get right."""
-    tree = ast.parse(source)
-    ours = [
-        node
-        for node in ast.walk(tree)
-        if (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "stateful_sampler")
-        or (
-            isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "stateful_sampler" for alias in node.names)
-        )
-    ]
-    return "\n".join(ast.unparse(node) for node in ours)
+def top_level_names(module: str) -> set[str]:
+    """The names a module of this package defines or imports at its top level, read from its source, so that a
+    fragment's imports are checked without importing a framework (lightning, accelerate) it needs."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"No module named {module!r}")
+    names: set[str] = set()
+    for node in ast.parse(Path(spec.origin).read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name))
+            is_all = any(isinstance(target, ast.Name) and target.id == "__all__" for target in targets)
+            if is_all and isinstance(node.value, ast.List | ast.Tuple):  # a lazy module's names
+                names.update(item.value for item in node.value.elts if isinstance(item, ast.Constant))
+    if spec.submodule_search_locations:  # a package: its submodules are importable names too
+        names.update(info.name for info in pkgutil.iter_modules(spec.submodule_search_locations))
+    return names
+
+
+def check_imports(source: str) -> None:
+    """The fragment's imports of this package resolve: each module exists and defines each name it imports."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "stateful_sampler":
+            missing = [alias.name for alias in node.names if alias.name not in top_level_names(node.module or "")]
+            if missing:
+                raise ImportError(f"cannot import {', '.join(missing)} from {node.module!r}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "stateful_sampler" and importlib.util.find_spec(alias.name) is None:
+                    raise ImportError(f"No module named {alias.name!r}")
 
 
 def run_python(block: dict, namespace: dict) -> None:
@@ -46,7 +70,7 @@ def run_python(block: dict, namespace: dict) -> None:
     if block["run"]:
         exec(code, namespace)  # noqa: S102  # the page's own example, as a reader runs it
     else:
-        exec(compile(import_statements(block["source"]), block["name"], "exec"), {})  # noqa: S102
+        check_imports(block["source"])
 
 
 def shell_commands(language: str, source: str) -> list[tuple[str, str]]:

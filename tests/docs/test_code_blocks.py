@@ -40,7 +40,7 @@ import pytest
 import yaml
 
 from tests.docs.preludes import PRELUDES
-from tests.docs.run_page import shell_commands
+from tests.docs.run_page import check_imports, shell_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -201,3 +201,22 @@ def test_a_marker_is_read_only_directly_above_a_fence_and_a_bare_one_has_no_reas
     ]
     bare = MARKER.match("<!-- not run -->")
     assert bare is not None and (bare["kind"], bare["reason"]) == ("not run", "")
+
+
+def test_a_fragment_s_imports_of_the_package_are_checked_without_importing_its_framework() -> None:
+    check_imports("from stateful_sampler.lightning import SamplerCheckpoint\nimport stateful_sampler.stream\nx = y")
+    with pytest.raises(ImportError, match="cannot import load_everything from 'stateful_sampler.plugins'"):
+        check_imports("from stateful_sampler.plugins import install, load_everything")
+    with pytest.raises(ImportError, match="No module named 'stateful_sampler.streams'"):
+        check_imports("from stateful_sampler.streams import ShardedStream")
+
+
+def test_a_console_block_pairs_each_command_with_the_lines_under_it() -> None:
+    source = "$ stateful-sampler --version\nstateful-sampler 1\n$ stateful-sampler audit --help\nusage: ...\n"
+    assert shell_commands("console", source) == [
+        ("stateful-sampler --version", "stateful-sampler 1"),
+        ("stateful-sampler audit --help", "usage: ..."),
+    ]
+    assert shell_commands("bash", "# set up\nmake demo \\\n  --fast   # the demo\n") == [
+        ("make demo    --fast   # the demo", "")
+    ]
