@@ -17,6 +17,7 @@ band = difficulty_band = _np.arange(3200) % 3
 token_counts = _np.random.default_rng(0).integers(1, 500, 3200)
 tokenised = [_np.arange(count) % 1000 for count in token_counts]
 model = _torch.nn.Linear(1, 1)
+optimizer = _torch.optim.SGD(model.parameters(), lr=0.01)
 epochs, start_epoch, path = 1, 0, "checkpoint.pt"
 
 
