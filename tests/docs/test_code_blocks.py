@@ -57,8 +57,6 @@ def parse_toml(text: str) -> object:
 PARSERS = {"json": json.loads, "yaml": yaml.safe_load, "toml": parse_toml}
 # Pages whose blocks take longer than 5 s (CPU) to run, by path from the root: their cases are marked slow.
 SLOW_PAGES = {"docs/engines.md"}  # a Lightning Trainer: importing Lightning alone is about 4 s
-    "docs/engines.md"
-}  # a Lightning Trainer: the import alone is about 4 s of CPU. Pages whose blocks take longer than 5 s to run, by path from the root
 PAGE_TIMEOUT = 300  # seconds for one page's blocks, whatever happens
 
 # The shell commands cheap and safe to run from a doc: this package's own command line (--help, --version, a
