@@ -5,7 +5,8 @@ A block is marked by the line directly above its opening fence:
 
 - ``<!-- not run: REASON -->``: not executed, for the reason given (it needs a cluster, installs packages, is
   a fragment over the reader's own data and model, is a synopsis). A marker without a reason fails. A python
-  block marked so still compiles, and its imports of ``stateful_sampler`` still resolve.
+  block marked so still compiles, and its imports of ``stateful_sampler`` must name modules and names that exist
+  (read from the modules' sources, so that no framework is imported for a fragment).
 - ``<!-- output: WHAT PRINTS IT -->``: the block is what a command or call prints, shown as an example.
 
 What "runs" means, per language:
@@ -15,14 +16,16 @@ What "runs" means, per language:
   it defined. Everything of this package or another library that a block uses, it imports or a block above
   it imported. What the reader brings (a dataset, labels, a model, a training step, shard files) the page's
   prelude in tests/docs/preludes.py defines, small, before the first block.
-- ``bash``, ``sh``, ``shell``, ``console``: run in bash, in the same directory, when they are safe and cheap;
-  anything else (installs, training runs, launchers, ``make``) is marked. In a ``console`` block the lines
-  starting with ``$ `` are the commands and the lines under each are its output, compared with what it prints
-  (``...`` or ``…`` stands for any text; whitespace is normalised).
+- ``bash``, ``sh``, ``shell``, ``console``: run, in the same directory, when every command is this package's own
+  (``stateful-sampler ...``, ``python -m stateful_sampler...``: safe and cheap); anything else (installs,
+  training runs, launchers, ``make``) is marked. A plain ``stateful-sampler`` command runs in the page's process
+  through the function its entry point calls, the rest in bash. In a ``console`` block the lines starting with
+  ``$ `` are the commands and the lines under each are its output, compared with what it prints (``...`` or
+  ``…`` stands for any text; whitespace is normalised).
 - ``json``, ``yaml``, ``toml``: parsed (json.loads, yaml.safe_load, tomllib).
 - any other language, and a block without one: marked (output or not run).
 
-A page's blocks run in under 5 s; a page that needs longer is in ``SLOW_PAGES`` and its cases are marked slow.
+A page's blocks run in under 5 s of CPU; a page that needs longer is in ``SLOW_PAGES`` and its cases are marked slow.
 """
 
 from __future__ import annotations
@@ -157,7 +160,7 @@ def page_results(page: str) -> dict[int, str | None]:
     return {block.line: result["error"] for block, result in zip(blocks, errors, strict=True)}
 
 
-def case(block: Block) -> pytest.param:  # type: ignore[valid-type]
+def case(block: Block) -> object:
     marks = [pytest.mark.slow] if block.page in SLOW_PAGES else []
     return pytest.param(block, id=block.name, marks=marks)
 
