@@ -11,7 +11,9 @@ that uses the same directory:
   using the manifest (``users.lock``, held shared by every cache) takes the identities that process's
   start looked up; the first process of a start (nobody holds it) begins a new generation and looks
   them up anew. A path is stat'd by each process (a system call, not a request). Counts and content
-  identities are read (a footer: two ranged reads) once per node per version of the object.
+  identities are read (a footer: two ranged reads) once per node per version of the object; where the
+  reader's ``count`` or ``metadata`` reads the whole shard (``@scans_shard``: a tar's headers, an Arrow
+  stream, JSON Lines), from the node's copy, fetched for it: a cold node downloads each shard once.
 - ``<key>.shard`` is a complete copy; ``<key>`` hashes the URL and the stored identity, so a changed
   object is fetched anew. It appears by an atomic rename, and ``<key>.seal`` records what the cache
   wrote: the size and SHA-256 of the bytes as downloaded, and the copy's inode, modification and

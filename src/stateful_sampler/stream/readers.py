@@ -303,8 +303,8 @@ class JsonlReader:
     """JSON Lines shards (one JSON value per line), by path or URL, optionally gzip-compressed (``.gz``).
 
     ``count`` reads the whole shard (JSON Lines has no footer): for remote shards pass ``counts=``
-    to the stream, or each shard is read once more to count it (once per node under a
-    ``ShardCache``). ``read`` scans to ``stop`` and decodes only rows ``start .. stop - 1``.
+    to the stream, or each shard is read once more to count it (under a ``ShardCache``, the node's
+    copy, which the reads then use). ``read`` scans to ``stop`` and decodes only rows ``start .. stop - 1``.
 
     Example:
         >>> stream = ShardedStream(["s3://bucket/a.jsonl"], JsonlReader(), batch_size=8)  # doctest: +SKIP

@@ -145,7 +145,9 @@ class TarReader:
     ``<key>.shard`` -> ``<key>.tarindex``, outside the cache's size accounting); of a remote shard, or one
     in a read-only directory, in ``index_dir`` (default ``~/.cache/stateful-sampler/tar-index``). It is
     written atomically, so concurrent builders never see half an index, and rebuilt when the shard
-    changes. ``version`` and ``checksums`` join the content identity, as for ``ParquetReader``.
+    changes. ``version`` and ``checksums`` join the content identity, as for ``ParquetReader``. Under a
+    ``ShardCache`` the index is built from the node's copy (``metadata`` is ``@scans_shard``): a cold node
+    downloads each shard once, and counts, identifies and reads it from there.
 
     Example:
         >>> stream = ShardedStream(["s3://bucket/train-000.tar", ...], TarReader(), batch_size=32,
