@@ -122,9 +122,10 @@ def test_a_tar_read_through_a_shard_cache_keeps_its_index_beside_the_copy_outsid
     url = (tmp_path / "origin" / "train-000.tar").as_uri()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     cache = ShardCache(TarReader(), tmp_path / "cache", max_bytes=1 << 20)
-    assert cache.count(url) == 7  # counted on the URL, once per node: that index is in the user cache
-    assert len(list((tmp_path / "xdg").rglob("*.tarindex"))) == 1 and not list((tmp_path / "origin").glob("*.tarindex"))
+    assert cache.count(url) == 7  # counted on the node's copy, fetched for it: the index is beside the copy
+    assert not list((tmp_path / "xdg").rglob("*.tarindex")) and not list((tmp_path / "origin").glob("*.tarindex"))
     assert [record["cls"] for record in cache.read(url, 5, 7)] == [b"5", b"6"]
+    assert cache.stats().transfers == 1  # the read took the copy the count fetched
     copies = [path.name for path in (tmp_path / "cache").iterdir() if path.suffix in (".shard", ".tarindex")]
     assert sorted(name.split(".")[1] for name in copies) == ["shard", "tarindex"]
     assert all(".shard" not in name for name in copies if name.endswith(".tarindex"))  # not counted as a shard

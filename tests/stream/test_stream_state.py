@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from stateful_sampler import IncompatibleStateError
-from stateful_sampler.stream import ShardedStream
+from stateful_sampler.stream import ShardedStream, StreamState
 from tests.stream_helpers import MemoryReader, make_stream
 
 COUNTS = [30, 0, 17, 25, 9, 40]
@@ -55,16 +56,19 @@ def test_a_renamed_shard_is_named() -> None:
         ("seed", 1, r"state field 'seed': saved 1, expected 0: the state belongs to another order"),
         ("window", 3, r"state field 'window': saved 3, expected 2"),
         ("tail", "drop", r"state field 'tail': saved 'drop', expected 'pad'"),
-        ("tail", "carry", r"state field 'tail': saved 'carry', expected \['pad', 'drop'\]"),
         ("position", 122, r"state field 'position': saved 122, expected 'at most 121'"),
         ("position", -1, r"state field 'position': saved -1, expected 'a non-negative int'"),
         ("epoch", 2**62, r"state field 'epoch': saved 4611686018427387904, expected 'at most 4611686018427387903'"),
-        ("version", 2, r"state field 'version': saved 2, expected 1: unknown stream state version"),
+        ("version", 3, r"state field 'version': saved 3, expected 2: unknown stream state version"),
         ("extra", 0, r"state field 'extra': saved 0, expected '<absent>'"),
     ],
 )
 def test_a_state_of_another_order_or_a_malformed_one_is_refused_naming_the_field(field, value, match) -> None:
-    state = {**saved_state(), field: value}
+    state = saved_state()
+    if field in ("seed", "window", "tail"):  # packed in the state's "order" (tests/stream/test_state_encoding.py)
+        state = replace(StreamState.from_dict(state), **{field: value}).to_dict()
+    else:
+        state = {**state, field: value}
     with pytest.raises(IncompatibleStateError, match=match):
         make_stream(COUNTS, batch_size=4, window=2).load_state_dict(state)
 

@@ -18,7 +18,7 @@ from typing import Any
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.extras import missing_extra
 from stateful_sampler.stream.formats import content_identity, digest
-from stateful_sampler.stream.readers import ParquetSpan, ReadStats
+from stateful_sampler.stream.readers import ParquetSpan, ReadStats, ShardMetadata, scans_shard
 from stateful_sampler.stream.remote import is_url, open_shard, stored_identity
 
 _FILE_MAGIC = b"ARROW1"
@@ -80,17 +80,29 @@ class ArrowReader:
     checksums: Mapping[str, str] | None = None
     stats: ReadStats = field(default_factory=ReadStats)
 
+    @scans_shard
     def count(self, shard: str) -> int:
         _, batches = self._batches(shard)
         return sum(batch.num_rows for batch in batches)
 
     def identity(self, shard: str) -> str:
         """The file's size and modification time (or ETag), its schema with its metadata (a ``datasets``
-        file's features and fingerprint) and its record batches' row counts."""
+        file's features and fingerprint) and its record batches' row counts; then ``version`` and the
+        shard's checksum."""
+        return self.identity_from(shard, self.metadata(shard))
+
+    @scans_shard
+    def metadata(self, shard: str) -> ShardMetadata:
+        """The stored identity, the digest of the schema and batch row counts, and the records: one read of
+        every batch (a remote stream has no index; under a ``ShardCache``, the node's copy is mapped)."""
+        stored = stored_identity(shard, self.storage_options)
         schema, batches = self._batches(shard)
-        content = f"arrow={digest(schema.serialize().to_pybytes(), [batch.num_rows for batch in batches])}"
-        return content_identity(shard, str(stored_identity(shard, self.storage_options)), content, self.version,
-                                self.checksums)  # fmt: skip
+        rows = [batch.num_rows for batch in batches]
+        return ShardMetadata(stored, f"arrow={digest(schema.serialize().to_pybytes(), rows)}", sum(rows))
+
+    def identity_from(self, shard: str, metadata: ShardMetadata) -> str:
+        """The identity of a shard whose metadata is ``metadata``, with this reader's ``version`` and checksums."""
+        return content_identity(shard, str(metadata.stored), metadata.content, self.version, self.checksums)
 
     def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:
         return self.read_span(shard, start, stop).records_at(list(range(stop - start)))

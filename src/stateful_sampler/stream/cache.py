@@ -11,7 +11,9 @@ that uses the same directory:
   using the manifest (``users.lock``, held shared by every cache) takes the identities that process's
   start looked up; the first process of a start (nobody holds it) begins a new generation and looks
   them up anew. A path is stat'd by each process (a system call, not a request). Counts and content
-  identities are read (a footer: two ranged reads) once per node per version of the object.
+  identities are read (a footer: two ranged reads) once per node per version of the object; where the
+  reader's ``count`` or ``metadata`` reads the whole shard (``@scans_shard``: a tar's headers, an Arrow
+  stream, JSON Lines), from the node's copy, fetched for it: a cold node downloads each shard once.
 - ``<key>.shard`` is a complete copy; ``<key>`` hashes the URL and the stored identity, so a changed
   object is fetched anew. It appears by an atomic rename, and ``<key>.seal`` records what the cache
   wrote: the size and SHA-256 of the bytes as downloaded, and the copy's inode, modification and
@@ -54,7 +56,13 @@ from typing import IO, Any, cast
 from stateful_sampler.checks import check_int
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.stream import remote
-from stateful_sampler.stream.readers import ShardMetadata, ShardReader, identity_in_two_steps, span_reader
+from stateful_sampler.stream.readers import (
+    ShardMetadata,
+    ShardReader,
+    identity_in_two_steps,
+    reads_whole_shard,
+    span_reader,
+)
 from stateful_sampler.stream.remote import StoredIdentity
 
 _CHUNK = 8 << 20
@@ -249,16 +257,19 @@ class ShardCache:
             future.exception()
         self._pending = []
 
-    def _key(self, shard: str) -> tuple[str, int]:
-        """(the key of the shard's copy, its size) as this process's run knows the shard."""
-        stored = self._entry(shard).stored
+    def _key(self, shard: str, stored: StoredIdentity | None = None) -> tuple[str, int]:
+        """(the key of the shard's copy, its size) as this process's run knows the shard (or of version ``stored``)."""
+        stored = self._entry(shard).stored if stored is None else stored
         return hashlib.sha256(f"{shard}\0{stored}".encode()).hexdigest()[:32], stored.size or 0
 
     def _path(self, shard: str) -> Path:
         return self.directory / f"{self._key(shard)[0]}.shard"
 
-    def _fetch(self, shard: str, demand: bool) -> Path | None:
-        key, size = self._key(shard)
+    def _fetch(self, shard: str, demand: bool, stored: StoredIdentity | None = None) -> Path | None:
+        """The copy of the version this run reads (of ``stored``: a look-up that reads the copy, the run's
+        version not decided yet), fetched unless present and sealed."""
+        stored = self._entry(shard).stored if stored is None else stored
+        key, size = self._key(shard, stored)
         path = self.directory / f"{key}.shard"
         if self._sealed(path, size):
             _touch(path.with_suffix(".seal"))
@@ -273,7 +284,7 @@ class ShardCache:
             part, target = reserved
             try:
                 with target:
-                    self._download(shard, part, target, path)
+                    self._download(shard, part, target, path, stored)
             except BaseException as error:
                 part.unlink(missing_ok=True)
                 if isinstance(error, Exception) and not isinstance(error, ShardReadError):
@@ -281,10 +292,9 @@ class ShardCache:
                 raise
         return path
 
-    def _download(self, shard: str, part: Path, target: IO[bytes], path: Path) -> None:
-        """Copy the shard into ``part`` (held by this process), refusing another version than the run's; rename it
-        into place and seal it."""
-        expected = self._entry(shard).stored
+    def _download(self, shard: str, part: Path, target: IO[bytes], path: Path, expected: StoredIdentity) -> None:
+        """Copy the shard into ``part`` (held by this process), refusing another version than ``expected``, the
+        run's; rename it into place and seal it."""
         digest, size = hashlib.sha256(), 0
         with remote.open_shard(shard, self.storage_options) as source:
             found = remote.opened_identity(shard, source, self.storage_options)
@@ -434,23 +444,45 @@ class ShardCache:
         before = remote.thread_transferred()
         metadata = getattr(self.reader, "metadata", None) if content else None
         known = None if row is None else _Entry(_stored_of(row), row["count"], row["content"])
-        if view is None and (metadata is None or known is not None):
-            # A stat (one HEAD) first where the node knows a version: unchanged, its metadata is reused.
+        if view is None and (metadata is None or known is not None or reads_whole_shard(metadata)):
+            # A stat (one HEAD) first where the node knows a version (unchanged, its metadata is reused), or
+            # where the metadata is read from the node's copy (which the version names).
             view = remote.stored_identity(shard, self.storage_options)
         entry = known if known is not None and known.stored == view else None
-        moved = None
+        moved = None  # bytes read from storage for the metadata or count (not the copy's download, logged apart)
+        downloaded = 0
+        copy: str | None = None
+
+        def source(method: Callable[[str], Any], stored: StoredIdentity) -> str:
+            """What ``method`` reads: the node's copy of version ``stored`` when it scans the whole shard (a cold
+            node then downloads the shard once, not once to count it and again to read it), else the shard."""
+            nonlocal copy, downloaded
+            if not reads_whole_shard(method):
+                return shard
+            if copy is None:
+                start = remote.thread_transferred()
+                copy = str(self._fetch(shard, True, stored))
+                downloaded = remote.thread_transferred() - start
+            return copy
+
         if metadata is not None and (entry is None or entry.content is None):
-            read: ShardMetadata = metadata(shard)  # one read gives the stored identity and the content
-            if view is not None and read.stored != view:
+            where = source(metadata, cast(StoredIdentity, view))
+            read: ShardMetadata = metadata(where)  # one read gives the stored identity and the content
+            if where != shard:  # the copy's own identity is the local file's: its download checked it is ``view``
+                read = replace(read, stored=cast(StoredIdentity, view))
+            elif view is not None and read.stored != view:
                 raise _changed(shard, view, read.stored)
             base = known if known is not None and known.stored == read.stored else _Entry(read.stored)
             count = read.count if read.count is not None else base.count
-            entry, moved = _Entry(read.stored, count, read.content), 0
+            entry = _Entry(read.stored, count, read.content)
+            moved = 0 if where == shard else moved
         if entry is None:
             entry = _Entry(cast(StoredIdentity, view))
         if counts and entry.count is None:
-            entry, moved = replace(entry, count=self.reader.count(shard)), 0
-        return entry, None if moved is None else remote.thread_transferred() - before
+            where = source(self.reader.count, entry.stored)
+            entry = replace(entry, count=self.reader.count(where))
+            moved = 0 if where == shard else moved
+        return entry, None if moved is None else remote.thread_transferred() - before - downloaded
 
     def _manifest(self) -> tuple[int, dict[str, dict[str, Any]]]:
         """(the generation, the table of shards) of the node's manifest; empty when absent or unreadable."""

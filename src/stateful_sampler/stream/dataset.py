@@ -39,7 +39,7 @@ from stateful_sampler.resumable import dataloaders_under
 from stateful_sampler.stream.gather import WindowGather, chunk_bounds, join_spans
 from stateful_sampler.stream.layout import StreamLayout
 from stateful_sampler.stream.readers import ShardReader
-from stateful_sampler.stream.state import STREAM_STATE_VERSION, Manifest, StreamState, shard_identities
+from stateful_sampler.stream.state import Manifest, StreamState, shard_identities
 
 
 @dataclass(frozen=True)
@@ -470,7 +470,6 @@ class ShardedStream(IterableDataset):
 
     def _state(self, epoch: int, position: int) -> StreamState:
         return StreamState(
-            version=STREAM_STATE_VERSION,
             shards=self.manifest.shards,
             records=self.manifest.records,
             digest=self.manifest.digest,
@@ -480,8 +479,6 @@ class ShardedStream(IterableDataset):
             tail=self.tail.value,
             epoch=epoch,
             position=position,
-            world_size=self.num_replicas,
-            batch_size=self.batch_size,
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.extras import missing_extra
@@ -50,6 +50,8 @@ class ShardReader(Protocol):
 #       ``counts=True``) and identities are asked, so a reader can look them all up at once (``ShardCache``).
 #   enter_window(shards, next_shards): called before each window, so a reader can fetch ahead and
 #       release what is done (``ShardCache``).
+#   A method marked ``@scans_shard`` (``count``, ``metadata``) reads the whole shard: ``ShardCache`` calls it
+#       on the node's copy, so a cold node downloads the shard once (not once to count, again to read).
 #   read_span(shard, start, stop) -> Sequence: the same records as ``read``, as a sequence that may
 #       build them only when indexed; with ``records_at(rows)`` it builds many in one call. The stream
 #       reads through it (see ``span_reader``), so a window is decoded once and converted batch by batch.
@@ -76,6 +78,31 @@ class ReadStats:
     rows: int = 0
     bytes: int = 0
     converted: int = 0
+
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def scans_shard(method: Method) -> Method:
+    """Marks a reader's ``count`` or ``metadata`` that reads the whole shard (a tar's member headers, an Arrow
+    stream's batches, JSON Lines' lines). A ``ShardCache`` calls a marked method on the node's copy of the
+    shard, which the reads then use: a cold node downloads each shard once. An override in a subclass is
+    unmarked until it is marked itself.
+
+    Example:
+        >>> class Lines:
+        ...     @scans_shard
+        ...     def count(self, shard): return sum(1 for _ in open(shard))
+        >>> reads_whole_shard(Lines().count), reads_whole_shard(len)
+        (True, False)
+    """
+    method.scans_shard = True  # type: ignore[attr-defined]
+    return method
+
+
+def reads_whole_shard(method: Any) -> bool:
+    """``method`` (a reader's bound ``count`` or ``metadata``) is marked ``@scans_shard``."""
+    return getattr(method, "scans_shard", False) is True
 
 
 def identity_in_two_steps(reader: Any) -> bool:
@@ -276,8 +303,8 @@ class JsonlReader:
     """JSON Lines shards (one JSON value per line), by path or URL, optionally gzip-compressed (``.gz``).
 
     ``count`` reads the whole shard (JSON Lines has no footer): for remote shards pass ``counts=``
-    to the stream, or each shard is read once more to count it (once per node under a
-    ``ShardCache``). ``read`` scans to ``stop`` and decodes only rows ``start .. stop - 1``.
+    to the stream, or each shard is read once more to count it (under a ``ShardCache``, the node's
+    copy, which the reads then use). ``read`` scans to ``stop`` and decodes only rows ``start .. stop - 1``.
 
     Example:
         >>> stream = ShardedStream(["s3://bucket/a.jsonl"], JsonlReader(), batch_size=8)  # doctest: +SKIP
@@ -288,6 +315,7 @@ class JsonlReader:
     checksums: Mapping[str, str] | None = None
     stats: ReadStats = field(default_factory=ReadStats)
 
+    @scans_shard
     def count(self, shard: str) -> int:
         with self._lines(shard) as lines:
             return sum(1 for line in lines if line.strip())

@@ -1,4 +1,4 @@
-"""The stream's saved state: the order's identity and a position, a few hundred bytes for any S.
+"""The stream's saved state: the order's identity and a position, about 100 bytes (pickled) for any S.
 
 The shard list is identified by two sums modulo the prime p = 2**61 - 1 over per-shard hashes
 h_i = H(name_i, count_i, identity_i): ``digest`` = sum h_i and ``locator`` = sum (i+1)*h_i. When
@@ -15,16 +15,18 @@ not detected.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.policies import Tail
 
-STREAM_STATE_VERSION = 1
+STREAM_STATE_VERSION = 2
 PRIME = (1 << 61) - 1
 
 
@@ -88,9 +90,33 @@ def shard_identities(reader: Any, names: Sequence[str], counts: Sequence[int] | 
     return identities
 
 
+# Version 1 was every field by name (181 B pickled); version 2 packs what a resume only checks into ``order``.
+_V1_FIELDS = {"version": int, "shards": int, "records": int, "digest": int, "locator": int, "seed": int, "window": int,
+              "tail": str, "epoch": int, "position": int, "world_size": int, "batch_size": int}  # fmt: skip
+_V2_FIELDS = {"version": int, "epoch": int, "position": int, "order": str}
+_TAILS = (Tail.PAD.value, Tail.DROP.value)  # the tail's code in ``order`` is its index here
+_ORDER_EXPECTED = "the packed order of ShardedStream.state_dict() (base64url)"
+
+
 @dataclass(frozen=True)
 class StreamState:
-    version: int
+    """Where the stream is (``epoch``, ``position``: positions consumed by every rank together, so any
+    world size, batch size or worker count continues it) and what the order is, which a resume only
+    checks: the shard list's ``Manifest``, ``seed``, ``window`` and ``tail``.
+
+    Saved as ``{"version": 2, "epoch": e, "position": p, "order": "..."}``: ``order`` packs the checked
+    fields (the two sums as 8 bytes each, the rest as LEB128 varints) in base64url, about 90 B pickled.
+    Version 1 states (every field by name) still load.
+
+    Example:
+        >>> state = StreamState.from_dict(
+        ...     {"version": 2, "epoch": 0, "position": 12, "order": "vNpT0mf3mgvmB5LJkt2gHwZ5AgAA"})
+        >>> state.shards, state.records, state.seed, state.window, state.tail
+        (6, 121, 0, 2, 'pad')
+        >>> state.to_dict()["order"]
+        'vNpT0mf3mgvmB5LJkt2gHwZ5AgAA'
+    """
+
     shards: int
     records: int
     digest: int
@@ -99,39 +125,45 @@ class StreamState:
     window: int
     tail: str
     epoch: int
-    position: int  # epoch positions consumed by every rank together
-    world_size: int  # informational: another world size continues the epoch
-    batch_size: int  # informational: another batch size or worker count continues it too
+    position: int
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        order = _pack(self.digest, self.locator, self.shards, self.records, self.window, self.seed,
+                      _TAILS.index(self.tail))  # fmt: skip
+        return {"version": STREAM_STATE_VERSION, "epoch": self.epoch, "position": self.position, "order": order}
 
     def manifest(self) -> Manifest:
         return Manifest(self.shards, self.records, self.digest, self.locator)
 
     @classmethod
     def from_dict(cls, data: Any) -> StreamState:
-        """Parse a saved dict, refusing anything that is not exactly a state of this version."""
+        """Parse a saved dict (version 2, or 1), refusing anything that is not exactly a state of its version."""
         if not isinstance(data, Mapping):
             raise IncompatibleStateError("state", type(data).__name__, "a dict from ShardedStream.state_dict()")
-        if data.get("version") != STREAM_STATE_VERSION:
+        version = data.get("version")
+        if type(version) is not int or version not in (1, STREAM_STATE_VERSION):
             raise IncompatibleStateError(
                 "version", data.get("version", "<missing>"), STREAM_STATE_VERSION, "unknown stream state version"
             )
-        expected = {f.name: f.type for f in fields(cls)}
+        expected = _V1_FIELDS if version == 1 else _V2_FIELDS
         for name in sorted(set(data) ^ set(expected)):
             saved = data.get(name, "<missing>")
-            raise IncompatibleStateError(name, saved, expected.get(name, "<absent>"), "not a field of this version")
+            kind = expected.get(name)
+            raise IncompatibleStateError(name, saved, "<absent>" if kind is None else kind.__name__,
+                                         "not a field of this version")  # fmt: skip
         for name, kind in expected.items():
             value = data[name]
-            wanted = str if kind == "str" else int
-            if type(value) is not wanted or (isinstance(value, int) and value < 0):
-                raise IncompatibleStateError(name, value, f"a non-negative {kind}" if kind == "int" else kind)
+            if type(value) is not kind or (isinstance(value, int) and value < 0):
+                raise IncompatibleStateError(name, value, "a non-negative int" if kind is int else kind.__name__)
         if int(data["epoch"]) > MAX_EPOCH:
             raise IncompatibleStateError("epoch", data["epoch"], f"at most {MAX_EPOCH}")
-        if data["tail"] not in (Tail.PAD.value, Tail.DROP.value):
-            raise IncompatibleStateError("tail", data["tail"], ["pad", "drop"])
-        return cls(**data)
+        if version == 1:
+            if data["tail"] not in _TAILS:
+                raise IncompatibleStateError("tail", data["tail"], list(_TAILS))
+            checked = {name: data[name] for name in ("shards", "records", "digest", "locator", "seed", "window")}
+            return cls(**checked, tail=data["tail"], epoch=data["epoch"], position=data["position"])
+        digest, locator, shards, records, window, seed, tail = _unpack(data["order"])
+        return cls(shards, records, digest, locator, seed, window, _TAILS[tail], data["epoch"], data["position"])
 
     def check_continues(
         self, current: StreamState, names: Sequence[str], counts: Sequence[int], identities: Sequence[str] | None
@@ -172,3 +204,39 @@ class StreamState:
             raise IncompatibleStateError(
                 "position", self.position, f"at most {self.records}", "beyond the end of the epoch"
             )
+
+
+def _pack(digest: int, locator: int, *values: int) -> str:
+    """The two sums as 8 little-endian bytes each, then each value as an LEB128 varint, in base64url."""
+    raw = bytearray(digest.to_bytes(8, "little") + locator.to_bytes(8, "little"))
+    for value in values:
+        while value >= 0x80:
+            raw.append(value & 0x7F | 0x80)
+            value >>= 7
+        raw.append(value)
+    return base64.urlsafe_b64encode(bytes(raw)).decode("ascii").rstrip("=")
+
+
+def _unpack(order: str) -> tuple[int, int, int, int, int, int, int]:
+    """(digest, locator, shards, records, window, seed, tail code) of a packed ``order``, which must be
+    exactly what ``_pack`` writes for them; an unknown tail code is refused naming ``tail``."""
+    try:
+        raw = base64.b64decode(order + "=" * (-len(order) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        raise IncompatibleStateError("order", order, _ORDER_EXPECTED) from None
+    values, value, shift = [], 0, 0
+    for byte in raw[16:]:
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            values.append(value)
+            value, shift = 0, 0
+    if len(raw) < 16 or len(values) != 5 or shift:
+        raise IncompatibleStateError("order", order, _ORDER_EXPECTED)
+    digest, locator = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:16], "little")
+    shards, records, window, seed, tail = values
+    if tail >= len(_TAILS):
+        raise IncompatibleStateError("tail", tail, list(_TAILS))
+    if _pack(digest, locator, *values) != order:  # an overlong varint, trailing bits: not a state we wrote
+        raise IncompatibleStateError("order", order, _ORDER_EXPECTED)
+    return digest, locator, shards, records, window, seed, tail

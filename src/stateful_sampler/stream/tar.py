@@ -32,8 +32,8 @@ from typing import Any
 
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.stream.formats import SlicedSpan, content_identity, digest, user_cache_dir
-from stateful_sampler.stream.readers import ReadStats
-from stateful_sampler.stream.remote import is_url, open_shard, stored_identity
+from stateful_sampler.stream.readers import ReadStats, ShardMetadata, scans_shard
+from stateful_sampler.stream.remote import StoredIdentity, is_url, open_shard, stored_identity
 
 _INDEX_FORMAT = "stateful-sampler tar index"
 _INDEX_VERSION = 2
@@ -145,7 +145,9 @@ class TarReader:
     ``<key>.shard`` -> ``<key>.tarindex``, outside the cache's size accounting); of a remote shard, or one
     in a read-only directory, in ``index_dir`` (default ``~/.cache/stateful-sampler/tar-index``). It is
     written atomically, so concurrent builders never see half an index, and rebuilt when the shard
-    changes. ``version`` and ``checksums`` join the content identity, as for ``ParquetReader``.
+    changes. ``version`` and ``checksums`` join the content identity, as for ``ParquetReader``. Under a
+    ``ShardCache`` the index is built from the node's copy (``metadata`` is ``@scans_shard``): a cold node
+    downloads each shard once, and counts, identifies and reads it from there.
 
     Example:
         >>> stream = ShardedStream(["s3://bucket/train-000.tar", ...], TarReader(), batch_size=32,
@@ -170,15 +172,26 @@ class TarReader:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_indexes": OrderedDict(), "_summaries": {}}
 
+    @scans_shard
     def count(self, shard: str) -> int:
-        return self._summary(shard)[0]
+        return self._summary(shard, stored_identity(shard, self.storage_options))[0]
 
     def identity(self, shard: str) -> str:
         """The file's size and modification time (or ETag), and the digest of its index: every record's
-        key and its files' names, offsets and sizes."""
-        content = f"tar={self._summary(shard)[1]}"
-        return content_identity(shard, str(stored_identity(shard, self.storage_options)), content, self.version,
-                                self.checksums)  # fmt: skip
+        key and its files' names, offsets and sizes; then ``version`` and the shard's checksum."""
+        return self.identity_from(shard, self.metadata(shard))
+
+    @scans_shard
+    def metadata(self, shard: str) -> ShardMetadata:
+        """The stored identity, the index's digest and the records, from the index (the shard's member
+        headers scanned once, when it has none that fits): under a ``ShardCache``, of the node's copy."""
+        stored = stored_identity(shard, self.storage_options)
+        records, index_digest = self._summary(shard, stored)
+        return ShardMetadata(stored, f"tar={index_digest}", records)
+
+    def identity_from(self, shard: str, metadata: ShardMetadata) -> str:
+        """The identity of a shard whose metadata is ``metadata``, with this reader's ``version`` and checksums."""
+        return content_identity(shard, str(metadata.stored), metadata.content, self.version, self.checksums)
 
     def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:
         return self.read_span(shard, start, stop).records_at(list(range(stop - start)))
@@ -225,9 +238,10 @@ class TarReader:
             self._indexes.popitem(last=False)
         return index
 
-    def _summary(self, shard: str) -> tuple[int, str]:
-        """(records, index digest): from memory, the index file's first line, or the index built."""
-        stored = str(stored_identity(shard, self.storage_options))
+    def _summary(self, shard: str, identity: StoredIdentity) -> tuple[int, str]:
+        """(records, index digest) of the shard's bytes ``identity``: from memory, the index file's first line,
+        or the index built."""
+        stored = str(identity)
         known = self._summaries.get(shard)
         if known is None or known[0] != stored:
             loaded = self._load(shard, stored, whole=False)
