@@ -35,7 +35,7 @@ from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout, carry_epoch_start
 from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.policies import Order, Tail
-from stateful_sampler.order.strategy import Strategy, Uniform
+from stateful_sampler.order.strategy import SavedOrder, Strategy, Uniform
 from stateful_sampler.ranks import process_rank, process_world_size
 from stateful_sampler.records import MAX_TORCH_SIZE, PassRecords
 from stateful_sampler.resharding import refuse_resharding
@@ -509,7 +509,10 @@ class StatefulSampler(DistributedSampler):
             )
         return cursor
 
-    def _state(self, cursor: _Cursor) -> SamplerState:
+    def _state(self, cursor: _Cursor, with_strategy_state: bool = True) -> SamplerState:
+        strategy_state = None
+        if with_strategy_state:
+            strategy_state = self.strategy.state_at(*self._pass_offset(cursor.epoch, cursor.position, cursor.carry_start))
         return SamplerState(
             version=STATE_VERSION,
             size=self.size,
@@ -525,7 +528,16 @@ class StatefulSampler(DistributedSampler):
             epoch_end=self._layout(cursor).length,
             world_size=self.num_replicas,
             batch_size=self.batch_size,
+            strategy_state=strategy_state,
         )
+
+    def _pass_offset(self, epoch: int, position: int, carry_start: int) -> tuple[int, int]:
+        """The pass and the offset into it that a cursor reads next: ``carry`` reads on through passes of one
+        length from its stream start; the other tails stay in the epoch's pass (padding reads nothing new)."""
+        length = self._records.pass_length(epoch)
+        if self.tail is Tail.CARRY:
+            return divmod(carry_start + position, length) if length else (epoch, 0)
+        return epoch, min(position, length)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state in O(1): the rest of the saved epoch is laid out on this
@@ -533,8 +545,17 @@ class StatefulSampler(DistributedSampler):
         seed, shuffle, tail or order raises ``IncompatibleStateError`` and leaves this sampler as
         it was."""
         saved = SamplerState.from_dict(state)
-        pass_length = self._records.pass_length(saved.epoch)
-        saved.check_continues(self._state(self._cursor), pass_length, self.strategy.mismatch_hint())
+        pass_index, offset = self._pass_offset(saved.epoch, saved.position, saved.carry_start)
+        order = SavedOrder(
+            saved.size, saved.strategy, saved.strategy_fingerprint, saved.strategy_state, pass_index, offset
+        )
+        strategy = self.strategy.resume_from(order) if saved.strategy == self.strategy.name else None
+        records = self._records if strategy is None else PassRecords(strategy, self.order, self.seed, self.size)
+        pass_length = records.pass_length(saved.epoch)
+        current = self._state(self._cursor, with_strategy_state=False)
+        saved.check_continues(current, pass_length, self.strategy.mismatch_hint(), strategy is not None)
+        if strategy is not None:
+            self.strategy, self._records = strategy, records
         position = saved.position
         if saved.finished and saved.world_size == self.num_replicas:
             position = end = saved.epoch_end  # the live ranks' own end: every rank reports the same len()
