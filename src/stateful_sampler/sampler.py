@@ -512,7 +512,9 @@ class StatefulSampler(DistributedSampler):
     def _state(self, cursor: _Cursor, with_strategy_state: bool = True) -> SamplerState:
         strategy_state = None
         if with_strategy_state:
-            strategy_state = self.strategy.state_at(*self._pass_offset(cursor.epoch, cursor.position, cursor.carry_start))
+            strategy_state = self.strategy.state_at(
+                *self._pass_offset(cursor.epoch, cursor.position, cursor.carry_start)
+            )
         return SamplerState(
             version=STATE_VERSION,
             size=self.size,

@@ -23,7 +23,7 @@ from stateful_sampler.order.mixture import Mixture
 from tests.helpers import json_round_trip
 
 SIZES = [5, 7, 9]
-OLD = dict(weights=[1, 1, 1], num_samples=20)
+OLD = {"weights": [1, 1, 1], "num_samples": 20}
 
 
 def old_mixture(**changes: Any) -> Mixture:
@@ -105,7 +105,10 @@ def test_a_second_change_continues_from_the_draws_the_first_continued_mixture_ma
     assert state["strategy_state"]["draws"] == second_mixture.continued_at(5, [2, 2, 1]).draws_before(0, 12).tolist()
     third = sampler(Mixture([5, 7, 9, 3], [0, 1, 0, 1], num_samples=20, on_change="continue"))
     third.load_state_dict(state)
-    assert third.strategy.change == 12 and third.strategy.draws_before(0, 12).tolist() == [*state["strategy_state"]["draws"], 0]
+    assert third.strategy.change == 12 and third.strategy.draws_before(0, 12).tolist() == [
+        *state["strategy_state"]["draws"],
+        0,
+    ]
     assert [by_source(third.strategy, middle)[d] for d in (1,)] == [[]]  # the second mixture drew no source 1
     rest = list(third)
     assert by_source(third.strategy, rest)[0] == [] and len(by_source(third.strategy, rest)[3]) == 4
@@ -137,7 +140,9 @@ def test_by_default_and_from_a_state_saved_before_0_3_0_another_mixture_is_refus
         ([5, 7], "sizes", "keep a removed source, with weight 0, and append new ones after the saved ones"),
     ],
 )
-def test_a_resized_reordered_or_dropped_source_stays_refused_naming_it(sizes: list[int], field: str, message: str) -> None:
+def test_a_resized_reordered_or_dropped_source_stays_refused_naming_it(
+    sizes: list[int], field: str, message: str
+) -> None:
     _, state = saved_after(old_mixture(), 4)
     changed = sampler(Mixture(sizes, [1] * len(sizes), num_samples=20, on_change="continue"))
     before = changed.state_dict()
@@ -179,7 +184,9 @@ def test_epochs_before_the_change_are_refused_not_answered_with_other_weights() 
     resumed = sampler(Mixture(SIZES, [0, 0, 1], num_samples=20, on_change="continue"))
     resumed.load_state_dict(state)
     assert resumed.strategy.segment_starts() == [(1, 4)]
-    with pytest.raises(ValueError, match=re.escape("(0, 0) (epoch, position) lies before this mixture's change at (1, 4)")):
+    with pytest.raises(
+        ValueError, match=re.escape("(0, 0) (epoch, position) lies before this mixture's change at (1, 4)")
+    ):
         resumed.indices(0)
     with pytest.raises(ValueError, match="lies before this mixture's change"):
         resumed.strategy.weights_at(1, 3)
@@ -189,10 +196,13 @@ def test_epochs_before_the_change_are_refused_not_answered_with_other_weights() 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resumable_loader_continues_a_changed_mixture_exactly(workers: int) -> None:
     old, new = old_mixture(), Mixture([5, 7, 9, 6], [1, 3, 1, 2], num_samples=20, on_change="continue")
-    loader = lambda mixture: ResumableLoader(
-        DataLoader(torch.arange(sum(mixture.sizes.tolist())), sampler=sampler(mixture, batch_size=3), batch_size=3,
-                   num_workers=workers)  # fmt: skip
-    )
+
+    def loader(mixture: Mixture) -> ResumableLoader:
+        data = torch.arange(sum(mixture.sizes.tolist()))
+        return ResumableLoader(
+            DataLoader(data, sampler=sampler(mixture, batch_size=3), batch_size=3, num_workers=workers)
+        )
+
     first = loader(old)
     head = []
     for step, batch in enumerate(first, 1):

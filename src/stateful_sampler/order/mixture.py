@@ -335,7 +335,9 @@ class Mixture(Strategy):
             raise IncompatibleStateError("strategy_state.draws", draws, "a list of non-negative ints, one per source")
         sizes = slot["sizes"]
         if not isinstance(sizes, str) or len(sizes) != len(draws) or not set(sizes) <= set(_CHECK_CHARS):
-            raise IncompatibleStateError("strategy_state.sizes", sizes, f"one check character per source ({len(draws)})")
+            raise IncompatibleStateError(
+                "strategy_state.sizes", sizes, f"one check character per source ({len(draws)})"
+            )
         if not isinstance(slot["sizes_digest"], str):
             raise IncompatibleStateError("strategy_state.sizes_digest", slot["sizes_digest"], "a str")
         return dict(slot)
