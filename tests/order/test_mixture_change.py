@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from stateful_sampler import IncompatibleStateError, StatefulSampler
+from stateful_sampler.audit.mixture import audit_mixture, audit_segments, source_of
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.loader import ResumableLoader
 from stateful_sampler.order.mixture import Mixture
@@ -329,3 +330,26 @@ def test_twin_a_restored_sampler_equals_the_live_one_for_every_later_call_across
     twin = sampler(new, batch_size=batch_size)
     twin.load_state_dict(json_round_trip(later))
     assert calls(twin, 3) == calls(live, 3)
+
+
+def test_the_audit_shows_each_segment_of_a_changed_run_against_its_weights() -> None:
+    first = Mixture(SIZES, [1, 1, 1], num_samples=20, schedule={(0, 6): [2, 1, 0]})
+    head, state = saved_after(first, 12)
+    second_run = sampler(Mixture([*SIZES, 4], [0, 1, 1, 2], num_samples=20, on_change="continue"))
+    second_run.load_state_dict(state)
+    rest = list(second_run)
+    second = second_run.strategy
+    audit = audit_segments(first, second, until=(1, 0))
+    assert [(s.start, s.stop, s.draws) for s in audit.segments] == [((0, 0), (0, 6), 6), ((0, 6), (0, 12), 6),
+                                                                    ((0, 12), (1, 0), 8)]  # fmt: skip
+    drawn = source_of(second, np.array(head + rest))
+    for segment, (low, high) in zip(audit.segments, [(0, 6), (6, 12), (12, 20)]):
+        realised = np.bincount(drawn[low:high], minlength=4) / (high - low)
+        assert segment.shares.tolist() == realised.tolist()
+        assert segment.largest_prefix_deviation < 1
+    assert audit.segments[2].weights.tolist() == [0, 0.25, 0.25, 0.5]
+    assert audit.table().splitlines()[3].startswith("         (0, 12)          8")
+    with pytest.raises(ValueError, match="does not continue the draws of mixture 0"):
+        audit_segments(Mixture(SIZES, [1, 1, 1], num_samples=20), second, until=(1, 0))
+    with pytest.raises(ValueError, match="audit it with the run's earlier mixtures"):
+        audit_mixture(second, 1)
