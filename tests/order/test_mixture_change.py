@@ -21,6 +21,7 @@ from stateful_sampler.audit.mixture import audit_mixture, audit_segments, source
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.loader import ResumableLoader
 from stateful_sampler.order.mixture import Mixture
+from stateful_sampler.packing import PackedRows
 from tests.helpers import json_round_trip
 
 SIZES = [5, 7, 9]
@@ -353,3 +354,22 @@ def test_the_audit_shows_each_segment_of_a_changed_run_against_its_weights() -> 
         audit_segments(Mixture(SIZES, [1, 1, 1], num_samples=20), second, until=(1, 0))
     with pytest.raises(ValueError, match="audit it with the run's earlier mixtures"):
         audit_mixture(second, 1)
+
+
+def test_packed_rows_refuse_on_change_continue_and_keep_a_scheduled_change_exact() -> None:
+    lengths = [3, 5, 2, 8, 4, 6, 1, 7, 9, 2, 3, 5, 4, 6, 2, 1, 8, 3, 2, 5, 7]
+    with pytest.raises(ValueError, match=re.escape("packed rows cannot take another mixture at a resume")):
+        PackedRows(lengths, seq_len=8, strategy=Mixture(SIZES, [1, 1, 1], num_samples=20, on_change="continue"))
+    scheduled = lambda: PackedRows(
+        lengths,
+        seq_len=8,
+        batch_size=2,
+        seed=3,
+        strategy=Mixture(SIZES, [1, 1, 1], num_samples=20, schedule={(0, 9): [0, 1, 3]}),
+    )
+    whole = list(scheduled())
+    saving = scheduled()
+    head = list(saving)[:4]
+    resumed = scheduled()
+    resumed.load_state_dict(json_round_trip(saving.state_dict(consumed_batches=2)))
+    assert head + list(resumed) == whole
