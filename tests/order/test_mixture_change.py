@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from stateful_sampler import IncompatibleStateError, StatefulSampler
 from stateful_sampler.audit.mixture import audit_mixture, audit_segments, source_of
+from stateful_sampler.dcp import DistributedLoaderState
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.loader import ResumableLoader
 from stateful_sampler.order.mixture import Mixture
@@ -373,3 +374,21 @@ def test_packed_rows_refuse_on_change_continue_and_keep_a_scheduled_change_exact
     resumed = scheduled()
     resumed.load_state_dict(json_round_trip(saving.state_dict(consumed_batches=2)))
     assert head + list(resumed) == whole
+
+
+def test_the_dcp_stateful_carries_the_change_unchanged() -> None:
+    def loader(mixture: Mixture) -> ResumableLoader:
+        data = torch.arange(sum(mixture.sizes.tolist()))
+        return ResumableLoader(DataLoader(data, sampler=sampler(mixture, batch_size=2), batch_size=2))
+
+    first = loader(old_mixture())
+    iterator = iter(first)
+    next(iterator), next(iterator)
+    saved = DistributedLoaderState(first).state_dict()
+    new = Mixture([*SIZES, 5], [1, 0, 2, 2], num_samples=20, on_change="continue")
+    resumed = loader(new)
+    DistributedLoaderState(resumed).load_state_dict(saved)
+    plain = sampler(new, batch_size=2)
+    plain.load_state_dict(first.state_dict()["sampler"])
+    assert [index for batch in resumed for index in batch.tolist()] == list(plain)
+    assert resumed.sampler.strategy.change == 4
