@@ -274,8 +274,10 @@ class Mixture(Strategy):
         if saved.state is None:
             return None
         slot = self._checked_slot(saved.state)
-        stream = saved.pass_index * self.num_samples + saved.offset
         own = self._own
+        if saved.fingerprint == self.fingerprint() and saved.size == sum(own.sizes.tolist()):
+            return self  # its own state (a loader settling its pass): nothing to rebuild
+        stream = saved.pass_index * self.num_samples + saved.offset
         if len(slot["draws"]) <= len(own.sizes) and saved.size == sum(own.sizes.tolist()):
             draws = np.array(slot["draws"], dtype=np.int64)
             same = own if slot["change"] is None else own._rebuilt(slot["change"], stream, draws)
