@@ -545,7 +545,9 @@ class StatefulSampler(DistributedSampler):
         """Continue from a saved state in O(1): the rest of the saved epoch is laid out on this
         sampler's ranks and batch size (docs/core.md, "Elastic resume"). Another dataset size,
         seed, shuffle, tail or order raises ``IncompatibleStateError`` and leaves this sampler as
-        it was."""
+        it was. The strategy decides first (``Strategy.resume_from``): one that takes the state as a
+        continuation of its order (a ``Mixture(on_change="continue")`` given another mixture's state,
+        sources appended) replaces this sampler's strategy, and the saved size and fingerprint may differ."""
         saved = SamplerState.from_dict(state)
         pass_index, offset = self._pass_offset(saved.epoch, saved.position, saved.carry_start)
         order = SavedOrder(
