@@ -307,7 +307,8 @@ def calls(sampler: StatefulSampler, epochs: int) -> list[Any]:
     out: list[Any] = []
     for epoch in range(sampler.epoch, sampler.epoch + epochs):
         sampler.set_epoch(epoch)
-        out += [len(sampler), sampler.remaining_length(), sampler.state_dict(), list(sampler), sampler.state_dict()]
+        out += [len(sampler), sampler.remaining_length(), sampler.indices().tolist(), sampler.state_dict()]
+        out += [list(sampler), sampler.state_dict(), sampler.strategy.fingerprint()]
     return out
 
 
