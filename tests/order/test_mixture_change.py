@@ -312,7 +312,7 @@ def calls(sampler: StatefulSampler, epochs: int) -> list[Any]:
     return out
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(changes(), st.integers(1, 3), st.data())
 def test_twin_a_restored_sampler_equals_the_live_one_for_every_later_call_across_a_change(
     pair: tuple[Mixture, Mixture], batch_size: int, data: st.DataObject
