@@ -22,7 +22,7 @@ from torch.utils.data import DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
-from stateful_sampler.errors import DoubleShardingError, PrefetchedStateError
+from stateful_sampler.errors import DoubleShardingError, IncompatibleStateError, PrefetchedStateError
 from stateful_sampler.hooks import (
     ConsumedSource,  # noqa: F401 - re-exported, the registry lives in hooks
     PassStartHook,  # noqa: F401 - re-exported, the registry lives in hooks
@@ -554,6 +554,10 @@ class StatefulSampler(DistributedSampler):
             saved.size, saved.strategy, saved.strategy_fingerprint, saved.strategy_state, pass_index, offset
         )
         strategy = self.strategy.resume_from(order) if saved.strategy == self.strategy.name else None
+        if strategy is None and saved.strategy_state is not None and self.strategy.state_at(0, 0) is None:
+            raise IncompatibleStateError(
+                "strategy_state", saved.strategy_state, None, f"{self.strategy!r} saves no state of its own"
+            )
         records = self._records if strategy is None else PassRecords(strategy, self.order, self.seed, self.size)
         pass_length = records.pass_length(saved.epoch)
         current = self._state(self._cursor, with_strategy_state=False)

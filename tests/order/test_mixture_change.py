@@ -393,3 +393,10 @@ def test_the_dcp_stateful_carries_the_change_unchanged() -> None:
     plain.load_state_dict(first.state_dict()["sampler"])
     assert [index for batch in resumed for index in batch.tolist()] == list(plain)
     assert resumed.sampler.strategy.change == 4
+
+
+def test_a_slot_on_a_state_of_a_strategy_that_saves_none_is_refused() -> None:
+    state = StatefulSampler(10, batch_size=2).state_dict()
+    with pytest.raises(IncompatibleStateError, match="saves no state of its own") as caught:
+        StatefulSampler(10, batch_size=2).load_state_dict({**state, "strategy_state": {"draws": [1]}})
+    assert caught.value.field == "strategy_state"
