@@ -140,21 +140,25 @@ def audit_segments(*mixtures: Mixture, until: tuple[int, int]) -> ChangeAudit:
     num_samples = mixtures[0].num_samples
     sources = max(len(m.sizes) for m in mixtures)
     end = _stream(until, num_samples)
-    changes = [m.change for m in mixtures[1:]]
-    if any(m.num_samples != num_samples for m in mixtures) or None in changes or changes != sorted(changes):
+    changes = [m.change for m in mixtures[1:] if m.change is not None]
+    if (
+        any(m.num_samples != num_samples for m in mixtures)
+        or len(changes) < len(mixtures) - 1
+        or changes != sorted(changes)
+    ):
         raise ValueError(
             "audit_segments takes a run's mixtures in order, of one num_samples: the first, then each continued "
             f"at a later resume (Mixture.change set), got changes {[m.change for m in mixtures]}"
         )
     segments: list[SegmentShares] = []
     for index, mixture in enumerate(mixtures):
-        stop = min(end, changes[index] if index < len(changes) else end)
+        stop = min(end, changes[index]) if index < len(changes) else end
         if index:
-            before = mixtures[index - 1]
+            at = divmod(changes[index - 1], num_samples)
             expected = np.zeros(len(mixture.sizes), dtype=np.int64)
-            drawn = before.draws_before(*divmod(mixture.change or 0, num_samples))
+            drawn = mixtures[index - 1].draws_before(*at)
             expected[: len(drawn)] = drawn
-            if (mixture.draws_before(*divmod(mixture.change or 0, num_samples)) != expected).any():
+            if (mixture.draws_before(*at) != expected).any():
                 raise ValueError(f"mixture {index} does not continue the draws of mixture {index - 1} at its change")
         starts = [_stream(start, num_samples) for start in mixture.segment_starts()]
         for first, last in zip(starts, [*starts[1:], stop]):
