@@ -22,7 +22,7 @@ from torch.utils.data import DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
-from stateful_sampler.errors import DoubleShardingError, PrefetchedStateError
+from stateful_sampler.errors import DoubleShardingError, IncompatibleStateError, PrefetchedStateError
 from stateful_sampler.hooks import (
     ConsumedSource,  # noqa: F401 - re-exported, the registry lives in hooks
     PassStartHook,  # noqa: F401 - re-exported, the registry lives in hooks
@@ -35,7 +35,7 @@ from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_BATCH, MAX_EPOCH, MAX_RANKS, EpochLayout, carry_epoch_start
 from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.policies import Order, Tail
-from stateful_sampler.order.strategy import Strategy, Uniform
+from stateful_sampler.order.strategy import SavedOrder, Strategy, Uniform
 from stateful_sampler.ranks import process_rank, process_world_size
 from stateful_sampler.records import MAX_TORCH_SIZE, PassRecords
 from stateful_sampler.resharding import refuse_resharding
@@ -509,7 +509,12 @@ class StatefulSampler(DistributedSampler):
             )
         return cursor
 
-    def _state(self, cursor: _Cursor) -> SamplerState:
+    def _state(self, cursor: _Cursor, with_strategy_state: bool = True) -> SamplerState:
+        strategy_state = None
+        if with_strategy_state:
+            strategy_state = self.strategy.state_at(
+                *self._pass_offset(cursor.epoch, cursor.position, cursor.carry_start)
+            )
         return SamplerState(
             version=STATE_VERSION,
             size=self.size,
@@ -525,16 +530,40 @@ class StatefulSampler(DistributedSampler):
             epoch_end=self._layout(cursor).length,
             world_size=self.num_replicas,
             batch_size=self.batch_size,
+            strategy_state=strategy_state,
         )
+
+    def _pass_offset(self, epoch: int, position: int, carry_start: int) -> tuple[int, int]:
+        """The pass and the offset into it that a cursor reads next: ``carry`` reads on through passes of one
+        length from its stream start; the other tails stay in the epoch's pass (padding reads nothing new)."""
+        length = self._records.pass_length(epoch)
+        if self.tail is Tail.CARRY:
+            return divmod(carry_start + position, length) if length else (epoch, 0)
+        return epoch, min(position, length)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state in O(1): the rest of the saved epoch is laid out on this
         sampler's ranks and batch size (docs/core.md, "Elastic resume"). Another dataset size,
         seed, shuffle, tail or order raises ``IncompatibleStateError`` and leaves this sampler as
-        it was."""
+        it was. The strategy decides first (``Strategy.resume_from``): one that takes the state as a
+        continuation of its order (a ``Mixture(on_change="continue")`` given another mixture's state,
+        sources appended) replaces this sampler's strategy, and the saved size and fingerprint may differ."""
         saved = SamplerState.from_dict(state)
-        pass_length = self._records.pass_length(saved.epoch)
-        saved.check_continues(self._state(self._cursor), pass_length, self.strategy.mismatch_hint())
+        pass_index, offset = self._pass_offset(saved.epoch, saved.position, saved.carry_start)
+        order = SavedOrder(
+            saved.size, saved.strategy, saved.strategy_fingerprint, saved.strategy_state, pass_index, offset
+        )
+        strategy = self.strategy.resume_from(order) if saved.strategy == self.strategy.name else None
+        if strategy is None and saved.strategy_state is not None and self.strategy.state_at(0, 0) is None:
+            raise IncompatibleStateError(
+                "strategy_state", saved.strategy_state, None, f"{self.strategy!r} saves no state of its own"
+            )
+        records = self._records if strategy is None else PassRecords(strategy, self.order, self.seed, self.size)
+        pass_length = records.pass_length(saved.epoch)
+        current = self._state(self._cursor, with_strategy_state=False)
+        saved.check_continues(current, pass_length, self.strategy.mismatch_hint(), strategy is not None)
+        if strategy is not None:
+            self.strategy, self._records = strategy, records
         position = saved.position
         if saved.finished and saved.world_size == self.num_replicas:
             position = end = saved.epoch_end  # the live ranks' own end: every rank reports the same len()

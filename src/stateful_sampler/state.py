@@ -19,13 +19,15 @@ from stateful_sampler.order.strategy import Uniform
 # 2 added ``epoch_end``, the end of the saved epoch as the saving run laid it out, so that a state
 # saved at an epoch's end stays there whatever ranks and batch size resume it, and the strategy
 # with a fingerprint of its arrays. Version 1 states (release 0.1.0) still load: they are uniform,
-# and their epochs were always laid out from position 0.
-STATE_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+# and their epochs were always laid out from position 0. 3 (0.3.0) added ``strategy_state``, the
+# strategy's own slot (``Strategy.state_at``: a mixture's draws, so that another mixture can continue
+# it); version 2 states load with none.
+STATE_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
 
 # The fields that identify the order: a state with other values here belongs to another order.
 IDENTITY_FIELDS = ("size", "seed", "shuffle", "tail", "order", "strategy", "strategy_fingerprint")
-_ADDED_IN_2 = ("epoch_end", "strategy", "strategy_fingerprint")
+_ADDED_IN = {"epoch_end": 2, "strategy": 2, "strategy_fingerprint": 2, "strategy_state": 3}
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class SamplerState:
     epoch_end: int  # the epoch's length as the saving run laid it out; position == epoch_end: finished
     world_size: int  # ranks at save time; a different count on load is handled, not refused
     batch_size: int | None  # per-rank batch at save time
+    strategy_state: dict[str, Any] | None = None  # the strategy's own slot (``Strategy.state_at``), validated by it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +71,7 @@ class SamplerState:
         version = data.get("version", "<missing>")
         if type(version) is not int or version not in _READABLE_VERSIONS:
             raise IncompatibleStateError("version", version, STATE_VERSION, "unknown state version")
-        expected = {name for name in _FIELD_TYPES if version > 1 or name not in _ADDED_IN_2}
+        expected = {name for name in _FIELD_TYPES if version >= _ADDED_IN.get(name, 1)}
         for name in sorted(set(data) - expected):
             raise IncompatibleStateError(name, data[name], "<absent>", f"not a field of state version {version}")
         for name in sorted(expected - set(data)):
@@ -83,18 +86,26 @@ class SamplerState:
             if value is not None and not low <= value <= high:
                 raise IncompatibleStateError(name, value, f"an int in [{low}, {high}]")
         values = dict(data)
+        if values.get("strategy_state") is not None:
+            values["strategy_state"] = dict(values["strategy_state"])
         if version == 1:
             uniform = Uniform(values["shuffle"])
             values.update(strategy=uniform.name, strategy_fingerprint=uniform.fingerprint())
             values["epoch_end"] = _version_1_epoch_end(values)
         return cls(**{**values, "version": STATE_VERSION})
 
-    def check_continues(self, current: SamplerState, pass_length: int, hint: str = "") -> None:
+    def check_continues(
+        self, current: SamplerState, pass_length: int, hint: str = "", strategy_continues: bool = False
+    ) -> None:
         """Refuse a state that cannot continue ``current``'s order: first one of another order (so
         the error names the field that differs, e.g. a changed size, with the strategy's ``hint`` when
         only its data changed), then a cursor that does not fit the saved epoch's pass of
-        ``pass_length`` positions."""
+        ``pass_length`` positions. ``strategy_continues``: the strategy took the saved state as a
+        continuation of its order (``Strategy.resume_from``), so its size and fingerprint may differ."""
+        skipped = ("size", "strategy_fingerprint") if strategy_continues else ()
         for name in IDENTITY_FIELDS:
+            if name in skipped:
+                continue
             saved, mine = getattr(self, name), getattr(current, name)
             if saved != mine:
                 reason = "the state belongs to another order"
@@ -149,6 +160,7 @@ _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
     "bool": lambda value: type(value) is bool,
     "str": lambda value: type(value) is str,
     "int | None": lambda value: value is None or type(value) is int,
+    "dict[str, Any] | None": lambda value: value is None or isinstance(value, Mapping),
 }
 _RANGES = (
     ("size", 0, MAX_SIZE - 1),

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stateful_sampler import IncompatibleStateError, StatefulSampler
+from stateful_sampler.state import STATE_VERSION
 
 
 @pytest.mark.parametrize(
@@ -104,7 +105,7 @@ def saved_state(**overrides: Any) -> dict[str, Any]:
         (saved_state(shuffle=False), "shuffle", False, True),
         (saved_state(tail="drop"), "tail", "drop", "pad"),
         (saved_state(order="torch"), "order", "torch", "fast"),
-        (saved_state(version=3), "version", 3, 2),
+        (saved_state(version=4), "version", 4, STATE_VERSION),
         (saved_state(position=101), "position", 101, "at most epoch_end = 100"),
         (saved_state(position=-1), "position", -1, "an int in [0, 9223372036854775807]"),
         (saved_state(epoch="1"), "epoch", "1", "int"),
@@ -115,7 +116,7 @@ def saved_state(**overrides: Any) -> dict[str, Any]:
         (saved_state(tail="spiral"), "tail", "spiral", ["pad", "drop", "uneven", "carry"]),
         (saved_state(extra=1), "extra", 1, "<absent>"),
         ({k: v for k, v in saved_state().items() if k != "epoch"}, "epoch", "<missing>", "int"),
-        ({k: v for k, v in saved_state().items() if k != "version"}, "version", "<missing>", 2),
+        ({k: v for k, v in saved_state().items() if k != "version"}, "version", "<missing>", STATE_VERSION),
         ([1, 2, 3], "state", "list", "a dict from StatefulSampler.state_dict()"),
     ],
 )

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from stateful_sampler import IncompatibleStateError, StatefulSampler
+from stateful_sampler.state import STATE_VERSION
 from tests.helpers import json_round_trip
 
 
@@ -272,7 +273,7 @@ def test_a_version_1_state_from_release_0_1_0_still_loads() -> None:
     expected = [list(sampler)[6:] for sampler in samplers]
     after = resumed(v1, 100, 4, 3, seed=3)
     assert [list(sampler) for sampler in after] == expected
-    assert after[0].state_dict()["version"] == 2
+    assert after[0].state_dict()["version"] == STATE_VERSION
 
 
 def test_a_plain_loop_with_workers_resumes_exactly_after_a_batch_size_change() -> None:

@@ -204,7 +204,7 @@ def test_a_state_of_other_weights_or_another_split_is_refused_by_the_fingerprint
         with pytest.raises(IncompatibleStateError) as caught:
             StatefulSampler(60, strategy=other, batch_size=4).load_state_dict(state)
         assert caught.value.field == "strategy_fingerprint"
-        assert "start a new mixture from this step" in str(caught.value)
+        assert "build it with on_change='continue'" in str(caught.value)
     same_ratios = StatefulSampler(60, strategy=Mixture([7, 23, 30], [0.5, 0.3, 0.2], num_samples=50), batch_size=4)
     same_ratios.load_state_dict(state)  # the weights normalise to the same ones: the same order
 
@@ -216,8 +216,8 @@ def test_a_source_added_between_runs_is_refused_naming_the_dataset_size() -> Non
         grown.load_state_dict(state)
     assert str(caught.value).endswith(
         "the state belongs to another order; a Mixture's sizes, weights, num_samples and schedule are its identity: "
-        "to add or remove a source, start a new mixture from this step (docs/mixtures.md, "
-        "'Changing a mixture's sources')"
+        "to continue the saved run with this mixture's weights (or with sources appended), build it with "
+        "on_change='continue' (docs/mixtures.md, 'Changing a mixture mid-run')"
     )
 
 

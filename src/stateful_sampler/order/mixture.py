@@ -7,6 +7,16 @@ of the stream each source's count is within 1 of its target share. Source d's k-
 k % size_d of its source-epoch k // size_d, a permutation of its own seeded by (seed, d, source-epoch):
 a small source repeats, reshuffled each time; a large one continues where the last epoch stopped.
 
+``on_change="continue"`` lets a state saved under another mixture (other weights, other schedule entries
+after the saved position, sources appended) continue from its saved stream position S with this mixture's
+weights: ``resume_from`` returns this mixture *continued at S*, whose sources have drawn what the state
+records at S (``state_at``: each source's draws, O(sources)) and whose interleave restarts there. The
+continued mixture's fingerprint holds S and those draws, and every later state records them again, so a
+resume from a later checkpoint rebuilds the same continued mixture from this one. Stream positions before
+S were drawn under the saved mixture, whose weights the state does not keep (it stays O(sources)): the
+continued mixture refuses passes before S's and, inside S's pass, answers the positions before S (which
+only the padding that evens out ranks reads again) as this mixture's own.
+
 ``schedule`` changes the weights from given stream positions on: a key ``e`` is (e, 0), a key
 ``(e, position)`` is stream position e*num_samples + position. The stream restarts its interleave at
 each change (the prefix bound holds from the start of each constant-weight segment), while every
@@ -17,6 +27,8 @@ is O(1).
 
 from __future__ import annotations
 
+import copy
+import hashlib
 from bisect import bisect_right
 from collections.abc import Mapping
 from numbers import Integral
@@ -25,14 +37,19 @@ from typing import Any
 import numpy as np
 
 from stateful_sampler.checks import check_int
+from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.order.mixing import Domain, derive_seed
 from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.quota import QuotaPeriod, rational_weights
 from stateful_sampler.order.ragged import RaggedPermutation
-from stateful_sampler.order.strategy import PassOrder, Strategy, id_array, weight_array
+from stateful_sampler.order.strategy import PassOrder, SavedOrder, Strategy, id_array, weight_array
 
 _TAG = 0x4D495854  # "MIXT": this module's seeds
 _MAX_STREAM = 1 << 62  # stream positions and draw numbers stay int64
+ON_CHANGE = ("refuse", "continue")
+SLOT_VERSION = 1  # the version of the mixture's slot in a saved state (``state_at``)
+_SLOT_FIELDS = ("version", "num_samples", "change", "draws", "sizes", "sizes_digest")
+_CHECK_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_"  # 6 bits of a source's size
 
 
 class Mixture(Strategy):
@@ -46,6 +63,9 @@ class Mixture(Strategy):
         num_samples: the epoch length (required: a mixture has no natural one).
         schedule: ``{key: weights}``: from that key on (until the next entry), these weights; a key is
             an epoch ``e`` (its start) or a pair ``(e, position)`` with ``0 <= position < num_samples``.
+        on_change: ``"refuse"`` (default): a state saved under another mixture is refused; ``"continue"``:
+            it continues from its saved position with this mixture's weights (sources may be appended
+            after the saved ones; a removed source keeps its place with weight 0).
 
     Example:
         >>> mixture = Mixture([4, 6], [1, 1], num_samples=10, schedule={(0, 6): [1, 0]})
@@ -56,8 +76,19 @@ class Mixture(Strategy):
     name = "mixture"
 
     def __init__(
-        self, sizes: Any, weights: Any, *, num_samples: int, schedule: Mapping[Any, Any] | None = None
+        self,
+        sizes: Any,
+        weights: Any,
+        *,
+        num_samples: int,
+        schedule: Mapping[Any, Any] | None = None,
+        on_change: str = "refuse",
     ) -> None:
+        if on_change not in ON_CHANGE:
+            raise ValueError(f"on_change must be one of {list(ON_CHANGE)}, got {on_change!r}")
+        self.on_change = on_change
+        self._own: Mixture = self  # the mixture as built: a continued one answers from it before its change
+        self.change: int | None = None  # the stream position this mixture continues a saved run from
         self.sizes = id_array("sizes", sizes)
         empty = np.flatnonzero(self.sizes == 0)
         if not self.sizes.size or empty.size:
@@ -129,21 +160,24 @@ class Mixture(Strategy):
         return draws
 
     def __repr__(self) -> str:
-        return f"Mixture(<{len(self.sizes)} sources>, num_samples={self.num_samples})"
+        changed = "" if self.change is None else f", continued at {divmod(self.change, self.num_samples)}"
+        return f"Mixture(<{len(self.sizes)} sources>, num_samples={self.num_samples}{changed})"
 
     def weights_at(self, epoch: int, position: int = 0) -> np.ndarray:
         """The normalised weights at ``position`` of epoch ``epoch`` (exactly those the prefix bound refers to)."""
-        counts = self._periods[self._segment(epoch * self.num_samples + position)].counts
+        counts = self._periods[self._known_segment(epoch * self.num_samples + position)].counts
         return counts / counts.sum()
 
     def segment_starts(self) -> list[tuple[int, int]]:
-        """Each constant-weight segment's first (epoch, position), in stream order."""
-        return [divmod(start, self.num_samples) for start in self._starts]
+        """Each constant-weight segment's first (epoch, position), in stream order (a continued mixture's
+        from its change on: the saved run's segments before it are not in the state)."""
+        known = self._starts if self.change is None else self._starts[1:]
+        return [divmod(start, self.num_samples) for start in known]
 
     def segment_start(self, epoch: int) -> int:
         """The first epoch of the constant-weight segment holding ``epoch``, for schedules whose segments
         start at epochs; a change inside an epoch is refused (``segment_starts`` gives positions)."""
-        segment = self._segment(epoch * self.num_samples)
+        segment = self._known_segment(epoch * self.num_samples)
         inside = bisect_right(self._starts, (epoch + 1) * self.num_samples - 1) != segment + 1
         first, position = divmod(self._starts[segment], self.num_samples)
         if position or inside:
@@ -155,25 +189,46 @@ class Mixture(Strategy):
 
     def draws_before(self, epoch: int, position: int = 0) -> np.ndarray:
         """How many times each source was drawn before ``position`` of epoch ``epoch`` (O(Q))."""
-        stream = epoch * self.num_samples + position
-        segment = self._segment(stream)
+        return self._draws_at(epoch * self.num_samples + position)
+
+    def _draws_at(self, stream: int) -> np.ndarray:
+        segment = self._known_segment(stream)
         return self._draws_before[segment] + self._periods[segment].counts_before(stream - self._starts[segment])
 
     def locate(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source, that source's draw number) at positions of an epoch: what the audit counts. Each
         position's segment is found on its stream position, so a change inside the epoch is honoured."""
-        stream = np.asarray(positions, dtype=np.int64) + epoch * self.num_samples
+        positions = np.asarray(positions, dtype=np.int64)
+        stream = positions + epoch * self.num_samples
         segments = np.searchsorted(self._starts, stream, side="right") - 1
         sources = np.empty(stream.shape, dtype=np.int64)
         draws = np.empty(stream.shape, dtype=np.int64)
         for segment in np.unique(segments).tolist():  # few: a block spans few changes
             at = segments == segment
+            if self.change is not None and segment == 0:  # before the change: this mixture's own order
+                sources[at], draws[at] = self._own.locate(epoch, positions[at])
+                continue
             found, drawn = self._periods[segment].locate(stream[at] - self._starts[segment])
             sources[at], draws[at] = found, drawn + self._draws_before[segment][found]
         return sources, draws
 
     def _segment(self, stream: int) -> int:
         return bisect_right(self._starts, stream) - 1
+
+    def _known_segment(self, stream: int) -> int:
+        """The segment of a stream position whose weights and draws this mixture knows: a continued
+        mixture refuses one before its change, drawn under the saved mixture."""
+        segment = self._segment(stream)
+        if self.change is not None and segment == 0:
+            raise ValueError(self._before_change(stream))
+        return segment
+
+    def _before_change(self, stream: int) -> str:
+        return (
+            f"stream position {divmod(stream, self.num_samples)} (epoch, position) lies before this mixture's "
+            f"change at {divmod(self.change or 0, self.num_samples)}: it was drawn under the saved run's mixture, "
+            f"whose weights the state does not keep"
+        )
 
     def check(self, size: int) -> None:
         total = sum(self.sizes.tolist())
@@ -186,17 +241,163 @@ class Mixture(Strategy):
     def pass_order(self, size: int, seed: int, pass_index: int) -> PassOrder:
         if (pass_index + 1) * self.num_samples > _MAX_STREAM:
             raise ValueError(f"epoch times num_samples must stay below 2**62, got epoch {pass_index}")
+        if self.change is not None and (pass_index + 1) * self.num_samples <= self.change:
+            raise ValueError(f"epoch {pass_index}: {self._before_change(pass_index * self.num_samples)}")
         return _MixturePass(self, seed, pass_index)
 
     def mismatch_hint(self) -> str:
         return (
-            "a Mixture's sizes, weights, num_samples and schedule are its identity: to add or remove a source, "
-            "start a new mixture from this step (docs/mixtures.md, 'Changing a mixture's sources')"
+            "a Mixture's sizes, weights, num_samples and schedule are its identity: to continue the saved run "
+            "with this mixture's weights (or with sources appended), build it with on_change='continue' "
+            "(docs/mixtures.md, 'Changing a mixture mid-run')"
         )
 
+    # -- the saved state's slot, and a change at a resume
+
+    def state_at(self, pass_index: int, offset: int) -> dict[str, Any]:
+        """Each source's draws before the saved stream position, and the change this mixture continues
+        from: O(sources), so that another mixture (``on_change="continue"``) can take the run over there."""
+        return {
+            "version": SLOT_VERSION,
+            "num_samples": self.num_samples,
+            "change": self.change,
+            "draws": self._draws_at(pass_index * self.num_samples + offset).tolist(),
+            "sizes": _size_checks(self.sizes),
+            "sizes_digest": _sizes_digest(self.sizes),
+        }
+
+    def resume_from(self, saved: SavedOrder) -> Mixture | None:
+        """The saved mixture when the state is one of this mixture's own (continued where the state says it
+        changed); with ``on_change="continue"``, else, this mixture continued at the saved position from the
+        saved draws. None (refused by the sampler, naming the fingerprint or the size): ``on_change="refuse"``
+        and the state is another mixture's, or the state holds no draws (saved before 0.3.0)."""
+        if saved.state is None:
+            return None
+        slot = self._checked_slot(saved.state)
+        own = self._own
+        if saved.fingerprint == self.fingerprint() and saved.size == sum(own.sizes.tolist()):
+            return self  # its own state (a loader settling its pass): nothing to rebuild
+        stream = saved.pass_index * self.num_samples + saved.offset
+        if len(slot["draws"]) <= len(own.sizes) and saved.size == sum(own.sizes.tolist()):
+            draws = np.array(slot["draws"], dtype=np.int64)
+            same = own if slot["change"] is None else own._rebuilt(slot["change"], stream, draws)
+            if same is not None and same.fingerprint() == saved.fingerprint:
+                return same
+        if self.on_change == "refuse":
+            return None
+        own._check_saved_sources(slot, saved.size)
+        draws = np.zeros(len(own.sizes), dtype=np.int64)
+        draws[: len(slot["draws"])] = slot["draws"]  # appended sources start on their first pass
+        return own.continued_at(stream, draws)
+
+    def continued_at(self, stream: int, draws: Any) -> Mixture:
+        """This mixture continuing a run at stream position ``stream`` whose sources had drawn ``draws``
+        there: the segment in force at ``stream`` restarts its interleave there, and later schedule entries
+        follow; O(sources) plus the counts of the later segments."""
+        draws = np.asarray(draws, dtype=np.int64)
+        if draws.shape != self.sizes.shape or (draws < 0).any():
+            raise ValueError(f"draws must hold one non-negative count per source ({len(self.sizes)}), got {draws}")
+        own = self._own
+        first = own._segment(stream)
+        continued = copy.copy(own)
+        continued.__dict__.pop("_fingerprint", None)
+        continued.change = stream
+        continued._starts = [0, stream, *own._starts[first + 1 :]]
+        continued._periods = [own._periods[0], *own._periods[first:]]
+        carried = [np.zeros_like(draws), draws]
+        for index in range(2, len(continued._starts)):
+            length = continued._starts[index] - continued._starts[index - 1]
+            carried.append(carried[-1] + continued._periods[index - 1].counts_before(length))
+        continued._draws_before = carried
+        return continued
+
+    def _rebuilt(self, change: int, stream: int, draws: np.ndarray) -> Mixture | None:
+        """This mixture continued at ``change``, with the draws there that give ``draws`` at ``stream``: the
+        saved mixture, when this one is the mixture it continued with (else the fingerprints differ)."""
+        if not 0 <= change <= stream:
+            return None
+        probe = self.continued_at(change, np.zeros_like(draws))
+        at_change = draws - probe._draws_at(stream)
+        if (at_change < 0).any():
+            return None
+        return self.continued_at(change, at_change)
+
+    def _checked_slot(self, slot: Mapping[str, Any]) -> dict[str, Any]:
+        """The saved slot, refused naming the field unless it is exactly a version 1 mixture slot."""
+        if not isinstance(slot, Mapping) or set(slot) != set(_SLOT_FIELDS):
+            keys = sorted(slot) if isinstance(slot, Mapping) else slot
+            raise IncompatibleStateError("strategy_state", keys, list(_SLOT_FIELDS), "not a mixture's state")
+        if slot["version"] != SLOT_VERSION:
+            raise IncompatibleStateError("strategy_state.version", slot["version"], SLOT_VERSION, "unknown version")
+        change = slot["change"]
+        if change is not None and (type(change) is not int or not 0 <= change < _MAX_STREAM):
+            raise IncompatibleStateError("strategy_state.change", change, "None or a stream position in [0, 2**62)")
+        draws = slot["draws"]
+        if not isinstance(draws, (list, tuple)) or not draws or not all(_is_count(v) for v in draws):
+            raise IncompatibleStateError("strategy_state.draws", draws, "a list of non-negative ints, one per source")
+        sizes = slot["sizes"]
+        if not isinstance(sizes, str) or len(sizes) != len(draws) or not set(sizes) <= set(_CHECK_CHARS):
+            raise IncompatibleStateError(
+                "strategy_state.sizes", sizes, f"one check character per source ({len(draws)})"
+            )
+        if not isinstance(slot["sizes_digest"], str):
+            raise IncompatibleStateError("strategy_state.sizes_digest", slot["sizes_digest"], "a str")
+        return dict(slot)
+
+    def _check_saved_sources(self, slot: Mapping[str, Any], saved_size: int) -> None:
+        """Refuse a mixture that does not keep the saved sources first, in order, with their sizes, naming the
+        first source that differs (a removed source keeps its place, with weight 0)."""
+        if slot["num_samples"] != self.num_samples:
+            raise IncompatibleStateError(
+                "num_samples", slot["num_samples"], self.num_samples,
+                "a mixture's epoch length places its epochs in the stream: keep it to continue the saved run",
+            )  # fmt: skip
+        saved = len(slot["draws"])
+        if saved > len(self.sizes):
+            raise IncompatibleStateError(
+                "sizes", f"{saved} sources", f"{len(self.sizes)} sources",
+                "a mixture continues a saved run with its sources first, in order: keep a removed source, with "
+                "weight 0, and append new ones after the saved ones",
+            )  # fmt: skip
+        mine = _size_checks(self.sizes[:saved])
+        for d, (before, now) in enumerate(zip(slot["sizes"], mine)):
+            if before != now:
+                raise IncompatibleStateError(
+                    f"sizes[{d}]", "the saved source's size", int(self.sizes[d]),
+                    f"source {d} has another size than in the saved run, or the sources were reordered: keep the "
+                    f"saved sources first, in order, with their sizes",
+                )  # fmt: skip
+        if sum(self.sizes[:saved].tolist()) != saved_size or _sizes_digest(self.sizes[:saved]) != slot["sizes_digest"]:
+            raise IncompatibleStateError(
+                "sizes", f"{saved} sources of {saved_size} records", self.sizes[:saved].tolist(),
+                "the saved sources' sizes differ from these (a source resized or reordered): keep the saved "
+                "sources first, in order, with their sizes",
+            )  # fmt: skip
+
     def _identity(self) -> tuple[Any, ...]:
-        segments = ((key, period.counts) for key, period in zip(self._keys, self._periods))
-        return (self.sizes, self.num_samples, *segments)
+        own = self._own
+        segments = ((key, period.counts) for key, period in zip(own._keys, own._periods))
+        identity = (own.sizes, own.num_samples, *segments)
+        if self.change is None:
+            return identity
+        return (*identity, "continued", self.change, self._draws_before[1])
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and 0 <= value < _MAX_STREAM
+
+
+def _size_checks(sizes: np.ndarray) -> str:
+    """One character per source, 6 bits of a hash of (source, size): a resized source is named (the digest
+    catches the rest)."""
+    return "".join(
+        _CHECK_CHARS[hashlib.blake2b(f"{d}:{size}".encode(), digest_size=1).digest()[0] & 63]
+        for d, size in enumerate(sizes.tolist())
+    )
+
+
+def _sizes_digest(sizes: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(sizes, dtype=np.int64).tobytes(), digest_size=6).hexdigest()
 
 
 class _MixturePass:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
@@ -25,6 +26,20 @@ from stateful_sampler.order.permutation import FeistelPermutation
 
 INT64_MAX = (1 << 63) - 1
 PassOrder = Callable[[np.ndarray], np.ndarray]  # positions of one pass -> records (int64 arrays)
+
+
+@dataclass(frozen=True)
+class SavedOrder:
+    """What a saved state says about the order it was saved from, for ``Strategy.resume_from``: the
+    dataset size, the strategy's name and fingerprint, its own slot of the state (``state_at``), and
+    the place the saved cursor reads next, as a pass and an offset into it (the pass's end: its length)."""
+
+    size: int
+    name: str
+    fingerprint: str
+    state: Mapping[str, Any] | None
+    pass_index: int
+    offset: int
 
 
 class Strategy(ABC):
@@ -54,6 +69,20 @@ class Strategy(ABC):
         """This strategy as the sampler that orders with it uses it: a strategy that needs a value the
         sampler holds (the global batch) takes it here instead of asking the user twice."""
         return self
+
+    def state_at(self, pass_index: int, offset: int) -> dict[str, Any] | None:
+        """The strategy's own small part of a state saved where the cursor reads ``offset`` of pass
+        ``pass_index`` next, which ``resume_from`` gets back (None, the default: nothing beyond the
+        fingerprint)."""
+        return None
+
+    def resume_from(self, saved: SavedOrder) -> Strategy | None:
+        """The strategy that continues the order a saved state describes, when the strategy decides
+        (a mixture changed at a resume); None, the default: only this strategy's own order continues,
+        and the sampler refuses a state of another size or fingerprint, as before. A strategy returned
+        here is taken as the continuation, whatever the saved size and fingerprint; it raises
+        ``IncompatibleStateError`` naming the field for a state it cannot continue."""
+        return None
 
     def mismatch_hint(self) -> str:
         """Advice appended when a state of this strategy is refused for another size or fingerprint."""

@@ -28,6 +28,7 @@ from stateful_sampler.order.grouped import Grouped
 from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.length_grouped import LengthGrouped
 from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
+from stateful_sampler.order.mixture import Mixture
 from stateful_sampler.order.rows import PassRows, RowOrder, strategy_setting
 from stateful_sampler.order.strategy import Strategy, Uniform
 from stateful_sampler.sampler import StatefulSampler
@@ -60,6 +61,12 @@ def packed_strategy(strategy: Any, size: int) -> Strategy | None:
         raise TypeError(
             f"strategy={strategy!r} groups records into batches (with repeats that only even out ranks): packing "
             f"makes its own rows, so pack over the order itself (Uniform, Weighted, Mixture, Curriculum, Stratified)"
+        )
+    if isinstance(strategy, Mixture) and strategy.on_change != "refuse":
+        raise ValueError(
+            f"strategy={strategy!r} has on_change={strategy.on_change!r}: packed rows cannot take another mixture "
+            f"at a resume (a window's rows mix draws from before and after the saved position); change a packed "
+            f"mixture's weights with its schedule, a key (epoch, position) (docs/mixtures.md)"
         )
     try:
         strategy.check(size)
