@@ -66,7 +66,8 @@ def report(
 
 def restore(loader: Any, checkpoint: Checkpoint | str | os.PathLike[str] | None = None) -> bool:
     """Load the state ``report`` saved, from ``checkpoint`` (a ``Checkpoint`` or its path), by default
-    ``ray.train.get_checkpoint()``; ``False`` when there is none (a first run). Call it before the loop.
+    ``ray.train.get_checkpoint()``; ``False`` when there is none (a first run). Call it just before the loop,
+    after the model is built: it puts back the RNG states the model's initialisation would otherwise move.
 
     At the world size it was saved at, each rank gets its own RNG states back too; at another, the data
     resumes by the elastic rule and the RNGs are not restored (a warning says so).
