@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,11 @@ def fit(root: Path, run: str, workers: int, **config: Any) -> ray.train.Result:
             name=run, storage_path=str(root / "storage"), failure_config=FailureConfig(max_failures=1)
         ),
     )
-    return trainer.fit()
+    started = time.monotonic()
+    result = trainer.fit()
+    with (root / "seconds.jsonl").open("a") as file:  # each fit's wall time, for the record
+        file.write(json.dumps({run: round(time.monotonic() - started, 1)}) + "\n")
+    return result
 
 
 def main(root: Path) -> None:
