@@ -18,13 +18,14 @@ INTEGRATIONS = {
     "stateful_sampler.fabric": ("lightning", "fabric"),
     "stateful_sampler.hf_trainer": ("transformers", "transformers"),
     "stateful_sampler.pytorch_lightning": ("pytorch_lightning", "pytorch-lightning"),
+    "stateful_sampler.ray": ("ray", "ray"),
     "stateful_sampler.demo.datamodule": ("lightning", "demo"),
     "stateful_sampler.demo.model": ("lightning", "demo"),
 }
 # Every framework blocked at once, before anything imports it: `None` in sys.modules makes its import fail.
 IMPORT_EACH = """
 import importlib, json, sys
-for name in ("lightning", "pytorch_lightning", "accelerate", "transformers", "sklearn"):
+for name in ("lightning", "pytorch_lightning", "accelerate", "transformers", "sklearn", "ray"):
     sys.modules[name] = None
 errors = {}
 for module in sys.argv[1:]:
