@@ -1,0 +1,38 @@
+"""The certificate's plug-in to the core: ``STATEFUL_SAMPLER_CERTIFICATE=path`` switches it on
+(``stateful_sampler.plugins.SWITCHES``), and the core installs it when the run's first ``ResumableLoader``
+is set up; the user's script is not edited."""
+
+from __future__ import annotations
+
+import os
+
+from stateful_sampler.certificate.writer import CertificateWriter
+from stateful_sampler.hooks import add_batch_hook, add_pass_start_hook, add_state_hook, add_state_loaded_hook
+
+CERTIFICATE_ENV = "STATEFUL_SAMPLER_CERTIFICATE"
+
+_writer: CertificateWriter | None = None
+
+
+def install() -> None:
+    """Write the certificate this process's variable names (``stateful_sampler.plugins.install``)."""
+    path = os.environ.get(CERTIFICATE_ENV)
+    if path:
+        writer_for(path)
+
+
+def writer_for(path: str | os.PathLike[str]) -> CertificateWriter:
+    """The process's one writer, installed on the core's hooks at the first call; a second path is refused."""
+    global _writer
+    if _writer is not None:
+        if _writer.prefix != CertificateWriter(path).prefix:
+            raise ValueError(
+                f"this process already writes the certificate {_writer.prefix}, not {path}: one certificate a process"
+            )
+        return _writer
+    _writer = writer = CertificateWriter(path)
+    add_state_loaded_hook(writer.state_loaded)
+    add_pass_start_hook(writer.pass_started)
+    add_batch_hook(writer.batch)
+    add_state_hook(writer.state_taken)
+    return writer

@@ -1,0 +1,217 @@
+"""The writer: follows a process's ``ResumableLoader`` through the core's hooks and appends its steps.
+
+It follows the first ``StatefulSampler`` whose pass starts in the process (the training loader's; a
+second loader, such as a validation loader, is not recorded). At each pass start it takes the pass's
+layout; at each batch the loop receives, it computes the batch's records from the sampler's public
+order pieces (``sampler.layout()``, ``PassRecords`` on the sampler's strategy, order, seed and size) for a
+block of batches at a time, so a step costs a slice, a hash and one ``write``. Each step is written
+unbuffered: a ``kill -9`` loses nothing the kernel was handed, whichever rank takes the checkpoint.
+
+A process's first pass writes its start record: fresh (step 0, or the file was empty), resumed (a
+``ResumableLoader.load_state_dict`` came first: the step after the one that ended at the loaded position),
+or continued without the loader state restored (appended to a certificate after its latest checkpoint,
+and marked so: the run then differs from one that restored it).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stateful_sampler.certificate.format import (
+    MAGIC,
+    PADDING_BIT,
+    ZERO_DIGEST,
+    RankFile,
+    chain,
+    meta_record,
+    rank_files,
+    rank_path,
+    read_rank_file,
+    step_record,
+)
+from stateful_sampler.certificate.run import last_checkpoint_step, own_steps, resume_step
+from stateful_sampler.errors import CertificateError
+from stateful_sampler.order.layout import EpochLayout
+from stateful_sampler.records import PassRecords
+from stateful_sampler.sampler import StatefulSampler
+from stateful_sampler.state import IDENTITY_FIELDS
+
+_BLOCK_BATCHES = 64  # batches whose records are computed in one NumPy call
+_MIN_BLOCK = 4096
+
+
+class CertificateWriter:
+    """Appends one process's steps to the certificate ``prefix`` (its rank's file ``prefix.rank{r}``)."""
+
+    def __init__(self, prefix: str | os.PathLike[str]) -> None:
+        self.prefix = Path(prefix)
+        self._sampler: StatefulSampler | None = None
+        self._records: PassRecords | None = None
+        self._layout: EpochLayout | None = None
+        self._block: tuple[int, int, np.ndarray] | None = None  # local start, stop, keys
+        self._descriptor: int | None = None
+        self._capacity = 1
+        self._next_step = 0
+        self._digest = ZERO_DIGEST
+        self._position: tuple[int, int] = (0, 0)  # (epoch, position) after the last step written
+        self._pending_resume: dict[str, Any] | None = None
+        self._warned = False
+
+    # -- the core's hooks
+
+    def state_loaded(self, loader: Any, sampler_state: dict[str, Any]) -> None:
+        """A resume: the next pass starts a segment at the step after the one that ended at this state."""
+        if self._sampler is None or loader.sampler is self._sampler:
+            self._pending_resume = sampler_state
+
+    def pass_started(self, order: Any) -> None:
+        if self._sampler is None:
+            if not isinstance(order, StatefulSampler):
+                self._warn_once(order)
+                return
+            self._sampler = order
+            self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
+        if order is not self._sampler:
+            return
+        self._layout, self._block = order.layout(), None
+        if self._descriptor is None or self._pending_resume is not None:
+            self._start(order)
+
+    def batch(self, loader: Any, batch: Any, consumed: int) -> None:
+        layout = self._layout
+        if layout is None or loader.sampler is not self._sampler or self._descriptor is None:
+            return
+        rank = self._sampler.rank  # type: ignore[union-attr]
+        per_batch = loader.batch_size or 1
+        start = (consumed - 1) * per_batch
+        stop = min(consumed * per_batch, layout.local_length(rank))
+        keys = self._keys(layout, rank, start, stop)
+        before, after = layout.position_after(rank, start), layout.position_after(rank, stop)
+        last = after == layout.length
+        self._digest = chain(self._digest, self._next_step, layout.epoch, before, after, keys)
+        record = step_record(self._next_step, layout.epoch, before, after, keys, last, self._digest, self._capacity)
+        os.write(self._descriptor, record)
+        self._next_step += 1
+        self._position = (layout.epoch, after)
+
+    def state_taken(self, loader: Any, consumed: int) -> None:
+        """A checkpoint is being taken: record where, so that a process restarted without restoring the
+        loader state is placed after it."""
+        if loader.sampler is not self._sampler or self._descriptor is None:
+            return
+        epoch, position = self._position
+        entry = {"kind": "checkpoint", "step": self._next_step, "epoch": epoch, "position": position,
+                 "time_ns": time.time_ns()}  # fmt: skip
+        os.write(self._descriptor, meta_record(entry))
+
+    def close(self) -> None:
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
+
+    # -- the pieces
+
+    def _keys(self, layout: EpochLayout, rank: int, start: int, stop: int) -> np.ndarray:
+        """This rank's records at its local positions [start, stop) of the pass, padding marked."""
+        block = self._block
+        if block is None or not block[0] <= start <= stop <= block[1]:
+            block_stop = min(max(stop, start + max(_BLOCK_BATCHES * (stop - start), _MIN_BLOCK)),
+                             layout.local_length(rank))  # fmt: skip
+            positions = layout.global_positions(rank, start, block_stop)
+            offsets = layout.pass_offsets(positions)
+            records = self._records(layout.epoch, offsets).astype(np.uint64)  # type: ignore[misc]
+            padding = layout.is_padding(positions) | self._records.repeats(layout.epoch, offsets)  # type: ignore[union-attr]
+            records[padding] |= PADDING_BIT
+            block = self._block = (start, block_stop, records)
+        return block[2][start - block[0] : stop - block[0]]
+
+    def _start(self, order: StatefulSampler) -> None:
+        """Open this rank's file (cutting a torn tail) and write the process's start record."""
+        rank, world_size = order.rank, order.num_replicas
+        path = rank_path(self.prefix, rank)
+        own = _open_for_append(path)
+        if self._descriptor is None:
+            self._descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            if own is None:
+                os.write(self._descriptor, MAGIC)
+        resumed, self._pending_resume = self._pending_resume, None
+        found = True
+        if resumed is not None:
+            files = _readable_files(self.prefix, own, rank)
+            first = resume_step(files, resumed["epoch"], resumed["position"])
+            found = first is not None
+            first = first if first is not None else self._next_step
+        elif own is not None and own.segments and self._next_step == 0:
+            first = last_checkpoint_step(_readable_files(self.prefix, own, rank))
+        else:
+            first = self._next_step
+        previous = own_steps(own).get(first - 1) if own is not None else None
+        if self._next_step > 0 and first == self._next_step:
+            chain_from = self._digest  # a load later in this process, at the step it was at
+        else:
+            chain_from = previous.digest if previous is not None else ZERO_DIGEST
+        self._capacity = order.batch_size or 1
+        state = order.state_after(0)
+        start = {
+            "kind": "start",
+            "time_ns": time.time_ns(),
+            "rank": rank,
+            "world_size": world_size,
+            "batch_size": order.batch_size,
+            "start_step": first,
+            "restored": resumed is not None,
+            "continued": resumed is None and own is not None and bool(own.segments),
+            "resumed_from": None if resumed is None else {"epoch": resumed["epoch"], "position": resumed["position"]},
+            "resume_found": found,
+            "identity": {name: state[name] for name in IDENTITY_FIELDS if name in state},
+            "chain_from": chain_from.hex(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        os.write(self._descriptor, meta_record(start))
+        self._next_step, self._digest = first, chain_from
+        if not found:
+            print(
+                f"stateful-sampler certificate: the state loaded (epoch {resumed['epoch']}, position "  # type: ignore[index]
+                f"{resumed['position']}) ends no step of {self.prefix}; compare will refuse it",  # type: ignore[index]
+                file=sys.stderr,
+            )
+
+    def _warn_once(self, order: Any) -> None:
+        if not self._warned:
+            self._warned = True
+            print(
+                f"stateful-sampler certificate: {type(order).__name__} is not a StatefulSampler; its steps are not "
+                f"certified",
+                file=sys.stderr,
+            )
+
+
+def _open_for_append(path: Path) -> RankFile | None:
+    """This rank's file as it stands, its torn tail cut off; ``None`` when there is none yet."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    own = read_rank_file(path)
+    if own.valid_length < path.stat().st_size:
+        os.truncate(path, own.valid_length)
+    return own
+
+
+def _readable_files(prefix: Path, own: RankFile | None, rank: int) -> list[RankFile]:
+    """Every rank's file of the certificate (this rank's as just read); another rank's that cannot be read
+    (being written, or gone) is left out."""
+    files = [own] if own is not None else []
+    for path in rank_files(prefix):
+        if path != rank_path(prefix, rank):
+            try:
+                files.append(read_rank_file(path))
+            except CertificateError:
+                continue
+    return files
