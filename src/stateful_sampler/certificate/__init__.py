@@ -26,11 +26,17 @@ import os
 from stateful_sampler.certificate.compare import Comparison, compare
 from stateful_sampler.certificate.plugin import CERTIFICATE_ENV, writer_for
 from stateful_sampler.certificate.run import GlobalStep, Run, read_run
+from stateful_sampler.loader import ResumableLoader
+from stateful_sampler.sampler import StatefulSampler
 
 __all__ = ["CERTIFICATE_ENV", "Comparison", "GlobalStep", "Run", "compare", "read_run", "record_certificate"]
 
 
-def record_certificate(path: str | os.PathLike[str]) -> None:
+def record_certificate(path: str | os.PathLike[str], loader: ResumableLoader | None = None) -> None:
     """Write this process's certificate to ``path`` (its rank's file ``path.rank{r}``): the argument form of
-    ``STATEFUL_SAMPLER_CERTIFICATE=path``. Call it before the first pass of the training loader."""
-    writer_for(path)
+    ``STATEFUL_SAMPLER_CERTIFICATE=path``, before the first pass. With ``loader``, of that loader's sampler
+    (a process with several resumable loaders); else of the first whose pass starts."""
+    order = loader.sampler if loader is not None else None
+    if order is not None and not isinstance(order, StatefulSampler):
+        raise TypeError(f"a certificate follows a StatefulSampler, the loader's order is {type(order).__name__}")
+    writer_for(path, order)

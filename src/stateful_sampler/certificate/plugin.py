@@ -8,6 +8,7 @@ import os
 
 from stateful_sampler.certificate.writer import CertificateWriter
 from stateful_sampler.hooks import add_batch_hook, add_pass_start_hook, add_state_hook, add_state_loaded_hook
+from stateful_sampler.sampler import StatefulSampler
 
 CERTIFICATE_ENV = "STATEFUL_SAMPLER_CERTIFICATE"
 
@@ -21,8 +22,9 @@ def install() -> None:
         writer_for(path)
 
 
-def writer_for(path: str | os.PathLike[str]) -> CertificateWriter:
-    """The process's one writer, installed on the core's hooks at the first call; a second path is refused."""
+def writer_for(path: str | os.PathLike[str], order: StatefulSampler | None = None) -> CertificateWriter:
+    """The process's one writer (of ``order``, else of the first ``StatefulSampler`` whose pass starts), installed
+    on the core's hooks at the first call; a second path is refused."""
     global _writer
     if _writer is not None:
         if _writer.prefix != CertificateWriter(path).prefix:
@@ -30,7 +32,7 @@ def writer_for(path: str | os.PathLike[str]) -> CertificateWriter:
                 f"this process already writes the certificate {_writer.prefix}, not {path}: one certificate a process"
             )
         return _writer
-    _writer = writer = CertificateWriter(path)
+    _writer = writer = CertificateWriter(path, order)
     add_state_loaded_hook(writer.state_loaded)
     add_pass_start_hook(writer.pass_started)
     add_batch_hook(writer.batch)

@@ -48,12 +48,15 @@ _MIN_BLOCK = 4096
 
 
 class CertificateWriter:
-    """Appends one process's steps to the certificate ``prefix`` (its rank's file ``prefix.rank{r}``)."""
+    """Appends one process's steps to the certificate ``prefix`` (its rank's file ``prefix.rank{r}``), of
+    ``order`` (a ``StatefulSampler``; default: the first whose pass starts in the process)."""
 
-    def __init__(self, prefix: str | os.PathLike[str]) -> None:
+    def __init__(self, prefix: str | os.PathLike[str], order: StatefulSampler | None = None) -> None:
         self.prefix = Path(prefix)
         self._sampler: StatefulSampler | None = None
         self._records: PassRecords | None = None
+        if order is not None:
+            self._follow(order)
         self._layout: EpochLayout | None = None
         self._block: tuple[int, int, np.ndarray] | None = None  # local start, stop, keys
         self._descriptor: int | None = None
@@ -76,13 +79,13 @@ class CertificateWriter:
             if not isinstance(order, StatefulSampler):
                 self._warn_once(order)
                 return
-            self._sampler = order
-            self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
-        if order is not self._sampler:
+            self._follow(order)
+        sampler = self._sampler
+        if order is not sampler or sampler is None:
             return
-        self._layout, self._block = order.layout(), None
+        self._layout, self._block = sampler.layout(), None
         if self._descriptor is None or self._pending_resume is not None:
-            self._start(order)
+            self._start(sampler)
 
     def batch(self, loader: Any, batch: Any, consumed: int) -> None:
         layout = self._layout
@@ -117,6 +120,12 @@ class CertificateWriter:
             self._descriptor = None
 
     # -- the pieces
+
+    def _follow(self, order: StatefulSampler) -> None:
+        if not isinstance(order, StatefulSampler):
+            raise TypeError(f"a certificate follows a StatefulSampler, got {type(order).__name__}")
+        self._sampler = order
+        self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
 
     def _keys(self, layout: EpochLayout, rank: int, start: int, stop: int) -> np.ndarray:
         """This rank's records at its local positions [start, stop) of the pass, padding marked."""
