@@ -172,9 +172,7 @@ def test_a_reordered_epoch_at_the_same_layout_is_different(tmp_path: Path) -> No
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    kills=st.lists(
-        st.tuples(st.integers(1, 14), st.integers(0, 14), st.sampled_from([1, 2])), min_size=1, max_size=3
-    ),
+    kills=st.lists(st.tuples(st.integers(1, 14), st.integers(0, 14), st.sampled_from([1, 2])), min_size=1, max_size=3),
     last_world=st.sampled_from([1, 2]),
 )
 def test_any_kills_and_resizes_certify_the_uninterrupted_data(
