@@ -90,12 +90,14 @@ def test_a_run_certifies_its_batches_and_grows_a_fixed_size_a_step(tmp_path: Pat
     try:
         batches = iter(loader)
         first = next(batches).tolist()
-        size_after_first = rank_path(prefix, 0).stat().st_size
+        size_after_first = read_rank_file(rank_path(prefix, 0)).valid_length  # read while the run writes
         second = next(batches).tolist()
-        assert rank_path(prefix, 0).stat().st_size - size_after_first == step_size(BATCH) == 1 + 60 + 8 * BATCH
+        grown = read_rank_file(rank_path(prefix, 0)).valid_length - size_after_first
+        assert grown == step_size(BATCH) == 1 + 60 + 8 * BATCH
         rest = [batch.tolist() for batch in batches]
     finally:
         remove()
+    assert rank_path(prefix, 0).stat().st_size == read_rank_file(rank_path(prefix, 0)).valid_length  # closed: no tail
     run = read_run(prefix)
     assert [step.records() for step in run.steps] == [first, second, *rest]
     assert [step.step for step in run.steps] == list(range(SIZE // BATCH))

@@ -10,8 +10,8 @@ After an 8-byte magic, a file is a run of records:
   order's identity fields and seed, the step it starts at, and what it resumed from, if anything), or a
   checkpoint taken (``kind: "checkpoint"``: the next step, the epoch and position saved).
 
-A process killed in the middle of a write leaves a torn last record: a reader stops before it, and the
-next writer cuts it off before appending.
+A process killed in the middle of a write leaves a torn last record, or the zeros its writer had mapped
+ahead: a reader stops before them, and the next writer cuts them off before appending.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 from stateful_sampler.errors import CertificateError
 
 MAGIC = b"SSCERT\x00\x01"  # the format's version is the last byte
-STEP_TAG, META_TAG = b"T", b"M"
+STEP_TAG, META_TAG, _UNWRITTEN = b"T", b"M", b"\x00"
 _STEP = struct.Struct("<QQQQIII16s")  # step, epoch, before, after, count, capacity, flags, digest
 _META_LENGTH = struct.Struct("<I")
 PADDING_BIT = np.uint64(1 << 63)
@@ -70,21 +70,22 @@ class RankFile:
     valid_length: int  # bytes up to the last whole record (a torn tail after it is ignored)
 
 
-def chain(previous: bytes, step: int, epoch: int, before: int, after: int, keys: np.ndarray) -> bytes:
+_FIELDS = struct.Struct("<QQQQ")
+_UNUSED_BYTES = UNUSED.tobytes()
+
+
+def chain(previous: bytes, step: int, epoch: int, before: int, after: int, keys: bytes) -> bytes:
     """The next link of a chain: ``blake2b(previous || step fields || keys)``, 16 bytes."""
-    digest = hashlib.blake2b(previous, digest_size=16)
-    digest.update(struct.pack("<QQQQ", step, epoch, before, after))
-    digest.update(keys.tobytes())
-    return digest.digest()
+    return hashlib.blake2b(previous + _FIELDS.pack(step, epoch, before, after) + keys, digest_size=16).digest()
 
 
-def step_record(step: int, epoch: int, before: int, after: int, keys: np.ndarray, last: bool, digest: bytes,
+def step_record(step: int, epoch: int, before: int, after: int, keys: bytes, last: bool, digest: bytes,
                 capacity: int) -> bytes:  # fmt: skip
-    """A step's bytes: ``step_size(capacity)`` of them whatever the batch's key count (up to ``capacity``)."""
-    padded = np.full(capacity, UNUSED, dtype=np.uint64)
-    padded[: keys.size] = keys
+    """A step's bytes (``keys``: its uint64 keys' bytes): ``step_size(capacity)`` of them whatever its key count."""
+    count = len(keys) // 8
     flags = _LAST_OF_EPOCH if last else 0
-    return STEP_TAG + _STEP.pack(step, epoch, before, after, keys.size, capacity, flags, digest) + padded.tobytes()
+    fixed = STEP_TAG + _STEP.pack(step, epoch, before, after, count, capacity, flags, digest)
+    return fixed + keys + _UNUSED_BYTES * (capacity - count)
 
 
 def step_size(capacity: int) -> int:
@@ -111,6 +112,8 @@ def read_rank_file(path: Path) -> RankFile:
     offset = len(MAGIC)
     while offset < len(data):
         tag = data[offset : offset + 1]
+        if tag == _UNWRITTEN:
+            break  # the zeros a writer's memory map had not reached yet (see writer.MappedAppend)
         if tag == STEP_TAG:
             end = offset + 1 + _STEP.size
             if end > len(data):
@@ -149,7 +152,7 @@ def check_chain(rank_file: RankFile) -> None:
     for segment in rank_file.segments:
         previous = bytes.fromhex(segment.start.get("chain_from", ZERO_DIGEST.hex()))
         for step in segment.steps:
-            expected = chain(previous, step.step, step.epoch, step.before, step.after, step.keys)
+            expected = chain(previous, step.step, step.epoch, step.before, step.after, step.keys.tobytes())
             if step.digest != expected:
                 raise CertificateError(f"{rank_file.path}: step {step.step} does not chain (the file was altered)")
             previous = step.digest

@@ -4,6 +4,7 @@ is set up; the user's script is not edited."""
 
 from __future__ import annotations
 
+import atexit
 import os
 
 from stateful_sampler.certificate.writer import CertificateWriter
@@ -33,6 +34,7 @@ def writer_for(path: str | os.PathLike[str], order: StatefulSampler | None = Non
             )
         return _writer
     _writer = writer = CertificateWriter(path, order)
+    atexit.register(writer.close)  # cut the file's mapped tail off (a reader stops at it anyway)
     add_state_loaded_hook(writer.state_loaded)
     add_pass_start_hook(writer.pass_started)
     add_batch_hook(writer.batch)

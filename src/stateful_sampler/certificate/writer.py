@@ -4,8 +4,8 @@ It follows the first ``StatefulSampler`` whose pass starts in the process (the t
 second loader, such as a validation loader, is not recorded). At each pass start it takes the pass's
 layout; at each batch the loop receives, it computes the batch's records from the sampler's public
 order pieces (``sampler.layout()``, ``PassRecords`` on the sampler's strategy, order, seed and size) for a
-block of batches at a time, so a step costs a slice, a hash and one ``write``. Each step is written
-unbuffered: a ``kill -9`` loses nothing the kernel was handed, whichever rank takes the checkpoint.
+block of batches at a time, so a step costs a slice, a hash and a copy into the file's memory map. A step
+is in the kernel's page cache once copied, so a ``kill -9`` loses none, whichever rank takes the checkpoint.
 
 A process's first pass writes its start record: fresh (step 0, or the file was empty), resumed (a
 ``ResumableLoader.load_state_dict`` came first: the step after the one that ended at the loaded position),
@@ -15,6 +15,7 @@ and marked so: the run then differs from one that restored it).
 
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 import sys
@@ -45,6 +46,7 @@ from stateful_sampler.state import IDENTITY_FIELDS
 
 _BLOCK_BATCHES = 64  # batches whose records are computed in one NumPy call
 _MIN_BLOCK = 4096
+_CHUNK = 1 << 20  # bytes the file's memory map grows by: about 1,800 steps of 64 keys
 
 
 class CertificateWriter:
@@ -58,8 +60,10 @@ class CertificateWriter:
         if order is not None:
             self._follow(order)
         self._layout: EpochLayout | None = None
-        self._block: tuple[int, int, np.ndarray] | None = None  # local start, stop, keys
-        self._descriptor: int | None = None
+        self._block: tuple[int, int, bytes] | None = None  # local start, stop, the keys' bytes
+        self._per_batch = 0  # records per batch of the pass under way (0: not read yet)
+        self._facts = (0, 0, 1, 0, 0, 0)  # the pass's epoch, rank, world size, segment start, length, local length
+        self._file: MappedAppend | None = None
         self._capacity = 1
         self._next_step = 0
         self._digest = ZERO_DIGEST
@@ -83,41 +87,47 @@ class CertificateWriter:
         sampler = self._sampler
         if order is not sampler or sampler is None:
             return
-        self._layout, self._block = sampler.layout(), None
-        if self._descriptor is None or self._pending_resume is not None:
+        layout = self._layout = sampler.layout()
+        self._block, self._per_batch, rank = None, 0, sampler.rank
+        self._facts = (layout.epoch, rank, layout.world_size, layout.segment_start, layout.length,
+                       layout.local_length(rank))  # fmt: skip
+        if self._file is None or self._pending_resume is not None:
             self._start(sampler)
 
     def batch(self, loader: Any, batch: Any, consumed: int) -> None:
-        layout = self._layout
-        if layout is None or loader.sampler is not self._sampler or self._descriptor is None:
+        """One step: its keys' bytes sliced from the block, chained and copied into the file, in a few µs."""
+        layout, file = self._layout, self._file
+        if layout is None or file is None or loader.sampler is not self._sampler:
             return
-        rank = self._sampler.rank  # type: ignore[union-attr]
-        per_batch = loader.batch_size or 1
-        start = (consumed - 1) * per_batch
-        stop = min(consumed * per_batch, layout.local_length(rank))
+        if not self._per_batch:  # read once a pass: the loader's batch size is a walk through its wrappers
+            self._per_batch = loader.batch_size or 1
+        epoch, rank, world_size, segment_start, length, local_length = self._facts
+        start = (consumed - 1) * self._per_batch
+        stop = min(start + self._per_batch, local_length)
         keys = self._keys(layout, rank, start, stop)
-        before, after = layout.position_after(rank, start), layout.position_after(rank, stop)
-        last = after == layout.length
-        self._digest = chain(self._digest, self._next_step, layout.epoch, before, after, keys)
-        record = step_record(self._next_step, layout.epoch, before, after, keys, last, self._digest, self._capacity)
-        os.write(self._descriptor, record)
-        self._next_step += 1
-        self._position = (layout.epoch, after)
+        # layout.position_after(rank, count), inlined: the step's global positions before and after it
+        before = length if start >= local_length and start > 0 else segment_start + start * world_size
+        after = length if stop >= local_length and stop > 0 else segment_start + stop * world_size
+        step = self._next_step
+        self._digest = digest = chain(self._digest, step, epoch, before, after, keys)
+        file.write(step_record(step, epoch, before, after, keys, after == length, digest, self._capacity))
+        self._next_step = step + 1
+        self._position = (epoch, after)
 
     def state_taken(self, loader: Any, consumed: int) -> None:
         """A checkpoint is being taken: record where, so that a process restarted without restoring the
         loader state is placed after it."""
-        if loader.sampler is not self._sampler or self._descriptor is None:
+        if loader.sampler is not self._sampler or self._file is None:
             return
         epoch, position = self._position
         entry = {"kind": "checkpoint", "step": self._next_step, "epoch": epoch, "position": position,
                  "time_ns": time.time_ns()}  # fmt: skip
-        os.write(self._descriptor, meta_record(entry))
+        self._file.write(meta_record(entry))
 
     def close(self) -> None:
-        if self._descriptor is not None:
-            os.close(self._descriptor)
-            self._descriptor = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     # -- the pieces
 
@@ -127,8 +137,8 @@ class CertificateWriter:
         self._sampler = order
         self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
 
-    def _keys(self, layout: EpochLayout, rank: int, start: int, stop: int) -> np.ndarray:
-        """This rank's records at its local positions [start, stop) of the pass, padding marked."""
+    def _keys(self, layout: EpochLayout, rank: int, start: int, stop: int) -> bytes:
+        """The bytes of this rank's records at its local positions [start, stop) of the pass, padding marked."""
         block = self._block
         if block is None or not block[0] <= start <= stop <= block[1]:
             block_stop = min(max(stop, start + max(_BLOCK_BATCHES * (stop - start), _MIN_BLOCK)),
@@ -138,18 +148,20 @@ class CertificateWriter:
             records = self._records(layout.epoch, offsets).astype(np.uint64)  # type: ignore[misc]
             padding = layout.is_padding(positions) | self._records.repeats(layout.epoch, offsets)  # type: ignore[union-attr]
             records[padding] |= PADDING_BIT
-            block = self._block = (start, block_stop, records)
-        return block[2][start - block[0] : stop - block[0]]
+            block = self._block = (start, block_stop, records.tobytes())
+        return block[2][8 * (start - block[0]) : 8 * (stop - block[0])]
 
     def _start(self, order: StatefulSampler) -> None:
         """Open this rank's file (cutting a torn tail) and write the process's start record."""
         rank, world_size = order.rank, order.num_replicas
         path = rank_path(self.prefix, rank)
-        own = _open_for_append(path)
-        if self._descriptor is None:
-            self._descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if self._file is None:
+            own = _open_for_append(path)
+            self._file = MappedAppend(path)
             if own is None:
-                os.write(self._descriptor, MAGIC)
+                self._file.write(MAGIC)
+        else:  # a second start in this process (a later load): the file is ours, its mapped tail included
+            own = read_rank_file(path)
         resumed, self._pending_resume = self._pending_resume, None
         found = True
         if resumed is not None:
@@ -184,7 +196,7 @@ class CertificateWriter:
             "host": socket.gethostname(),
             "pid": os.getpid(),
         }
-        os.write(self._descriptor, meta_record(start))
+        self._file.write(meta_record(start))
         self._next_step, self._digest = first, chain_from
         if not found:
             print(
@@ -201,6 +213,37 @@ class CertificateWriter:
                 f"certified",
                 file=sys.stderr,
             )
+
+
+class MappedAppend:
+    """Appends to a file through a memory map grown a chunk at a time: a record is in the page cache, where a
+    ``kill -9`` of the process does not reach, as soon as it is copied, with no system call a step. The chunk's
+    unwritten rest reads as zeros, which a reader takes for the end; ``close`` cuts it off."""
+
+    def __init__(self, path: Path) -> None:
+        self._descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._offset = self._size = os.fstat(self._descriptor).st_size
+        self._map: mmap.mmap | None = None
+
+    def write(self, data: bytes) -> None:
+        end = self._offset + len(data)
+        if end > self._size or self._map is None:
+            self._grow(end)
+        self._map[self._offset : end] = data  # type: ignore[index]
+        self._offset = end
+
+    def _grow(self, end: int) -> None:
+        if self._map is not None:
+            self._map.close()
+        self._size = end + _CHUNK
+        os.ftruncate(self._descriptor, self._size)
+        self._map = mmap.mmap(self._descriptor, self._size)
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+        os.ftruncate(self._descriptor, self._offset)
+        os.close(self._descriptor)
 
 
 def _open_for_append(path: Path) -> RankFile | None:
