@@ -27,6 +27,7 @@ import torch
 
 from benchmarks import isolated
 from benchmarks.cases import CASES
+from benchmarks.cases_certificate import figure as certificate
 from benchmarks.cases_packing import epoch_starts, packing
 from benchmarks.cases_stream_peers import figure as stream_peers
 from benchmarks.cases_stream_remote import figure as stream_remote
@@ -39,6 +40,7 @@ FIGURES = {
     "packing-scale": epoch_starts,
     "stream-remote": stream_remote,
     "stream-peers": stream_peers,
+    "certificate": certificate,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

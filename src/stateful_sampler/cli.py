@@ -19,6 +19,10 @@ COMMANDS = {
         "stateful_sampler.verify.cli",
         "prove that a killed and resumed run trains on exactly the batches of an uninterrupted one",
     ),
+    "certificate": (
+        "stateful_sampler.certificate.cli",
+        "compare the certificates of the data two runs trained on (STATEFUL_SAMPLER_CERTIFICATE=path)",
+    ),
 }
 _DESCRIPTION = """\
 Checkpointable, exactly reproducible data order for PyTorch training: check what a run's epochs

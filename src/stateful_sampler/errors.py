@@ -58,3 +58,8 @@ class PrefetchedStateError(RuntimeError):
 class StalePassError(RuntimeError):
     """A ``ResumableLoader`` iterator advanced after a newer ``iter(loader)`` or ``set_epoch`` replaced
     its pass: its batches would count against the new pass."""
+
+
+class CertificateError(ValueError):
+    """A data certificate that cannot be read or merged: not a certificate, another format version, a file
+    altered or cut short, or ranks that do not add up to whole steps; the message names the file and step."""

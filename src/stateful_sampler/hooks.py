@@ -1,5 +1,5 @@
 """Every process-wide registry of the library, in one place: who hears of a pass start, a batch handed to
-the loop, a state taken and a Lightning fit, and where an order asks how much of its pass was consumed.
+the loop, a state taken or loaded and a Lightning fit, and where an order asks how much of its pass was consumed.
 
 The hooks are typed against protocols (``resumable.ResumableOrder`` and ``ConsumingLoader`` below), so
 this module imports neither the sampler nor the loader: the orders fire the hooks, the loader feeds them,
@@ -45,12 +45,14 @@ class TrainerObserver(Protocol):
 PassStartHook = Callable[[ResumableOrder], None]
 BatchHook = Callable[[ConsumingLoader, Any, int], None]
 StateHook = Callable[[ConsumingLoader, int], None]
+StateLoadedHook = Callable[[ConsumingLoader, "dict[str, Any]"], None]
 ObserverFactory = Callable[[], "TrainerObserver | None"]
 ConsumedSource = Callable[[], "int | None"]
 
 _pass_start_hooks: list[PassStartHook] = []
 _batch_hooks: list[BatchHook] = []
 _state_hooks: list[StateHook] = []
+_state_loaded_hooks: list[StateLoadedHook] = []
 _observer_factories: list[ObserverFactory] = []
 _consumed_sources: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # order -> WeakMethod
 
@@ -103,6 +105,20 @@ def state_taken(loader: ConsumingLoader, consumed: int) -> None:
     """Tell the state hooks that ``loader`` gives its state, after ``consumed`` batches of its pass."""
     for hook in tuple(_state_hooks):
         hook(loader, consumed)
+
+
+def add_state_loaded_hook(hook: StateLoadedHook) -> Callable[[], None]:
+    """Call ``hook(loader, sampler_state)`` whenever any ``ResumableLoader`` loads a state (a resume), with the
+    order's state it continues from (its ``epoch`` and ``position``), after the load succeeded. Tools that
+    describe a whole run across restarts (the certificate) learn here where the resumed process starts.
+    Returns a function that removes it."""
+    return _registered(_state_loaded_hooks, hook)
+
+
+def state_loaded(loader: ConsumingLoader, sampler_state: dict[str, Any]) -> None:
+    """Tell the state-loaded hooks that ``loader`` continues from ``sampler_state``."""
+    for hook in tuple(_state_loaded_hooks):
+        hook(loader, sampler_state)
 
 
 def add_trainer_observer(factory: ObserverFactory) -> Callable[[], None]:

@@ -30,6 +30,7 @@ from stateful_sampler.hooks import (
     add_state_hook,  # noqa: F401 - re-exported, the registry lives in hooks
     batch_handed_out,
     set_consumed_source,
+    state_loaded,
     state_taken,
 )
 from stateful_sampler.order.layout import MAX_BATCH
@@ -351,6 +352,7 @@ class ResumableLoader:
             pending.epoch, pending.batches = self.sampler.epoch, self._next_pass_batches()
         if restore_rngs is not None:
             restore_rngs()
+        state_loaded(self, saved.sampler)
 
 
 def _records_per_batch(loader: Any, sampler: ResumableOrder) -> int:

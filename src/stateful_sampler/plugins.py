@@ -8,6 +8,9 @@ registers through ``stateful_sampler.hooks`` (``add_batch_hook``, ``add_state_ho
 ``add_pass_start_hook``, ``add_trainer_observer``). Importing a plugin does nothing by itself (a module
 without ``install()`` is only imported), and nothing is imported when the variable is unset.
 
+A product a user switches on with a variable of its own (``STATEFUL_SAMPLER_CERTIFICATE=path``) is named in
+``SWITCHES``: while its variable is set, its module is installed as if ``STATEFUL_SAMPLER_PLUGINS`` named it.
+
 Example:
     >>> import os
     >>> os.environ.get(PLUGINS_ENV) is None and trainer_observer() is None   # no plugin: nothing observes
@@ -27,14 +30,17 @@ from stateful_sampler.hooks import (
 )
 
 PLUGINS_ENV = "STATEFUL_SAMPLER_PLUGINS"
+# variable -> the plug-in module it switches on (a name, imported only while the variable is set)
+SWITCHES = {"STATEFUL_SAMPLER_CERTIFICATE": "stateful_sampler.certificate.plugin"}
 
 _loaded: set[str] = set()
 
 
 def install() -> None:
-    """Import each module ``STATEFUL_SAMPLER_PLUGINS`` names and call its ``install()``, once per process
-    and module; idempotent."""
-    for name in (part.strip() for part in os.environ.get(PLUGINS_ENV, "").split(",")):
+    """Import each module ``STATEFUL_SAMPLER_PLUGINS`` names, and each of ``SWITCHES`` whose variable is set,
+    and call its ``install()``, once per process and module; idempotent."""
+    switched = [module for variable, module in SWITCHES.items() if os.environ.get(variable)]
+    for name in [*(part.strip() for part in os.environ.get(PLUGINS_ENV, "").split(",")), *switched]:
         if name and name not in _loaded:
             _loaded.add(name)
             try:

@@ -1,0 +1,269 @@
+"""The writer: follows a process's ``ResumableLoader`` through the core's hooks and appends its steps.
+
+It follows the first ``StatefulSampler`` whose pass starts in the process (the training loader's; a
+second loader, such as a validation loader, is not recorded). At each pass start it takes the pass's
+layout; at each batch the loop receives, it computes the batch's records from the sampler's public
+order pieces (``sampler.layout()``, ``PassRecords`` on the sampler's strategy, order, seed and size) for a
+block of batches at a time, so a step costs a slice, a hash and a copy into the file's memory map. A step
+is in the kernel's page cache once copied, so a ``kill -9`` loses none, whichever rank takes the checkpoint.
+
+A process's first pass writes its start record: fresh (step 0, or the file was empty), resumed (a
+``ResumableLoader.load_state_dict`` came first: the step after the one that ended at the loaded position),
+or continued without the loader state restored (appended to a certificate after its latest checkpoint,
+and marked so: the run then differs from one that restored it).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stateful_sampler.certificate.format import (
+    MAGIC,
+    PADDING_BIT,
+    ZERO_DIGEST,
+    RankFile,
+    chain,
+    meta_record,
+    rank_files,
+    rank_path,
+    read_rank_file,
+    step_record,
+)
+from stateful_sampler.certificate.run import last_checkpoint_step, own_steps, resume_step
+from stateful_sampler.errors import CertificateError
+from stateful_sampler.order.layout import EpochLayout
+from stateful_sampler.records import PassRecords
+from stateful_sampler.sampler import StatefulSampler
+from stateful_sampler.state import IDENTITY_FIELDS
+
+_BLOCK_BATCHES = 64  # batches whose records are computed in one NumPy call
+_MIN_BLOCK = 4096
+_CHUNK = 1 << 20  # bytes the file's memory map grows by: about 1,800 steps of 64 keys
+
+
+class CertificateWriter:
+    """Appends one process's steps to the certificate ``prefix`` (its rank's file ``prefix.rank{r}``), of
+    ``order`` (a ``StatefulSampler``; default: the first whose pass starts in the process)."""
+
+    def __init__(self, prefix: str | os.PathLike[str], order: StatefulSampler | None = None) -> None:
+        self.prefix = Path(prefix)
+        self._sampler: StatefulSampler | None = None
+        self._records: PassRecords | None = None
+        if order is not None:
+            self._follow(order)
+        self._layout: EpochLayout | None = None
+        self._block: tuple[int, int, bytes] | None = None  # local start, stop, the keys' bytes
+        self._per_batch = 0  # records per batch of the pass under way (0: not read yet)
+        self._facts = (0, 0, 1, 0, 0, 0)  # the pass's epoch, rank, world size, segment start, length, local length
+        self._file: MappedAppend | None = None
+        self._capacity = 1
+        self._next_step = 0
+        self._digest = ZERO_DIGEST
+        self._position: tuple[int, int] = (0, 0)  # (epoch, position) after the last step written
+        self._pending_resume: dict[str, Any] | None = None
+        self._warned = False
+
+    # -- the core's hooks
+
+    def state_loaded(self, loader: Any, sampler_state: dict[str, Any]) -> None:
+        """A resume: the next pass starts a segment at the step after the one that ended at this state."""
+        if self._sampler is None or loader.sampler is self._sampler:
+            self._pending_resume = sampler_state
+
+    def pass_started(self, order: Any) -> None:
+        if self._sampler is None:
+            if not isinstance(order, StatefulSampler):
+                self._warn_once(order)
+                return
+            self._follow(order)
+        sampler = self._sampler
+        if order is not sampler or sampler is None:
+            return
+        layout = self._layout = sampler.layout()
+        self._block, self._per_batch, rank = None, 0, sampler.rank
+        self._facts = (layout.epoch, rank, layout.world_size, layout.segment_start, layout.length,
+                       layout.local_length(rank))  # fmt: skip
+        if self._file is None or self._pending_resume is not None:
+            self._start(sampler)
+
+    def batch(self, loader: Any, batch: Any, consumed: int) -> None:
+        """One step: its keys' bytes sliced from the block, chained and copied into the file, in a few µs."""
+        layout, file = self._layout, self._file
+        if layout is None or file is None or loader.sampler is not self._sampler:
+            return
+        if not self._per_batch:  # read once a pass: the loader's batch size is a walk through its wrappers
+            self._per_batch = loader.batch_size or 1
+        epoch, rank, world_size, segment_start, length, local_length = self._facts
+        start = (consumed - 1) * self._per_batch
+        stop = min(start + self._per_batch, local_length)
+        keys = self._keys(layout, rank, start, stop)
+        # layout.position_after(rank, count), inlined: the step's global positions before and after it
+        before = length if start >= local_length and start > 0 else segment_start + start * world_size
+        after = length if stop >= local_length and stop > 0 else segment_start + stop * world_size
+        step = self._next_step
+        self._digest = digest = chain(self._digest, step, epoch, before, after, keys)
+        file.write(step_record(step, epoch, before, after, keys, after == length, digest, self._capacity))
+        self._next_step = step + 1
+        self._position = (epoch, after)
+
+    def state_taken(self, loader: Any, consumed: int) -> None:
+        """A checkpoint is being taken: record where, so that a process restarted without restoring the
+        loader state is placed after it."""
+        if loader.sampler is not self._sampler or self._file is None:
+            return
+        epoch, position = self._position
+        entry = {"kind": "checkpoint", "step": self._next_step, "epoch": epoch, "position": position,
+                 "time_ns": time.time_ns()}  # fmt: skip
+        self._file.write(meta_record(entry))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    # -- the pieces
+
+    def _follow(self, order: StatefulSampler) -> None:
+        if not isinstance(order, StatefulSampler):
+            raise TypeError(f"a certificate follows a StatefulSampler, got {type(order).__name__}")
+        self._sampler = order
+        self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
+
+    def _keys(self, layout: EpochLayout, rank: int, start: int, stop: int) -> bytes:
+        """The bytes of this rank's records at its local positions [start, stop) of the pass, padding marked."""
+        block = self._block
+        if block is None or not block[0] <= start <= stop <= block[1]:
+            block_stop = min(max(stop, start + max(_BLOCK_BATCHES * (stop - start), _MIN_BLOCK)),
+                             layout.local_length(rank))  # fmt: skip
+            positions = layout.global_positions(rank, start, block_stop)
+            offsets = layout.pass_offsets(positions)
+            records = self._records(layout.epoch, offsets).astype(np.uint64)  # type: ignore[misc]
+            padding = layout.is_padding(positions) | self._records.repeats(layout.epoch, offsets)  # type: ignore[union-attr]
+            records[padding] |= PADDING_BIT
+            block = self._block = (start, block_stop, records.tobytes())
+        return block[2][8 * (start - block[0]) : 8 * (stop - block[0])]
+
+    def _start(self, order: StatefulSampler) -> None:
+        """Open this rank's file (cutting a torn tail) and write the process's start record."""
+        rank, world_size = order.rank, order.num_replicas
+        path = rank_path(self.prefix, rank)
+        if self._file is None:
+            own = _open_for_append(path)
+            self._file = MappedAppend(path)
+            if own is None:
+                self._file.write(MAGIC)
+        else:  # a second start in this process (a later load): the file is ours, its mapped tail included
+            own = read_rank_file(path)
+        resumed, self._pending_resume = self._pending_resume, None
+        found = True
+        if resumed is not None:
+            files = _readable_files(self.prefix, own, rank)
+            first = resume_step(files, resumed["epoch"], resumed["position"])
+            found = first is not None
+            first = first if first is not None else self._next_step
+        elif own is not None and own.segments and self._next_step == 0:
+            first = last_checkpoint_step(_readable_files(self.prefix, own, rank))
+        else:
+            first = self._next_step
+        previous = own_steps(own).get(first - 1) if own is not None else None
+        if self._next_step > 0 and first == self._next_step:
+            chain_from = self._digest  # a load later in this process, at the step it was at
+        else:
+            chain_from = previous.digest if previous is not None else ZERO_DIGEST
+        self._capacity = order.batch_size or 1
+        state = order.state_after(0)
+        start = {
+            "kind": "start",
+            "time_ns": time.time_ns(),
+            "rank": rank,
+            "world_size": world_size,
+            "batch_size": order.batch_size,
+            "start_step": first,
+            "restored": resumed is not None,
+            "continued": resumed is None and own is not None and bool(own.segments),
+            "resumed_from": None if resumed is None else {"epoch": resumed["epoch"], "position": resumed["position"]},
+            "resume_found": found,
+            "identity": {name: state[name] for name in IDENTITY_FIELDS if name in state},
+            "chain_from": chain_from.hex(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        self._file.write(meta_record(start))
+        self._next_step, self._digest = first, chain_from
+        if not found:
+            print(
+                f"stateful-sampler certificate: the state loaded (epoch {resumed['epoch']}, position "  # type: ignore[index]
+                f"{resumed['position']}) ends no step of {self.prefix}; compare will refuse it",  # type: ignore[index]
+                file=sys.stderr,
+            )
+
+    def _warn_once(self, order: Any) -> None:
+        if not self._warned:
+            self._warned = True
+            print(
+                f"stateful-sampler certificate: {type(order).__name__} is not a StatefulSampler; its steps are not "
+                f"certified",
+                file=sys.stderr,
+            )
+
+
+class MappedAppend:
+    """Appends to a file through a memory map grown a chunk at a time: a record is in the page cache, where a
+    ``kill -9`` of the process does not reach, as soon as it is copied, with no system call a step. The chunk's
+    unwritten rest reads as zeros, which a reader takes for the end; ``close`` cuts it off."""
+
+    def __init__(self, path: Path) -> None:
+        self._descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._offset = self._size = os.fstat(self._descriptor).st_size
+        self._map: mmap.mmap | None = None
+
+    def write(self, data: bytes) -> None:
+        end = self._offset + len(data)
+        if end > self._size or self._map is None:
+            self._grow(end)
+        self._map[self._offset : end] = data  # type: ignore[index]
+        self._offset = end
+
+    def _grow(self, end: int) -> None:
+        if self._map is not None:
+            self._map.close()
+        self._size = end + _CHUNK
+        os.ftruncate(self._descriptor, self._size)
+        self._map = mmap.mmap(self._descriptor, self._size)
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+        os.ftruncate(self._descriptor, self._offset)
+        os.close(self._descriptor)
+
+
+def _open_for_append(path: Path) -> RankFile | None:
+    """This rank's file as it stands, its torn tail cut off; ``None`` when there is none yet."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    own = read_rank_file(path)
+    if own.valid_length < path.stat().st_size:
+        os.truncate(path, own.valid_length)
+    return own
+
+
+def _readable_files(prefix: Path, own: RankFile | None, rank: int) -> list[RankFile]:
+    """Every rank's file of the certificate (this rank's as just read); another rank's that cannot be read
+    (being written, or gone) is left out."""
+    files = [own] if own is not None else []
+    for path in rank_files(prefix):
+        if path != rank_path(prefix, rank):
+            try:
+                files.append(read_rank_file(path))
+            except CertificateError:
+                continue
+    return files
