@@ -137,4 +137,4 @@ class _TrainerLoader(ResumableLoader):
     def __len__(self) -> int:
         records = len(self.sampler)
         batch = self.sampler.batch_size or 1
-        return records // batch if self._drop_last else -(-records // batch)
+        return records // batch if self.drop_last else -(-records // batch)

@@ -51,6 +51,7 @@ from stateful_sampler.lightning.restart import (
     start_next_epoch,
 )
 from stateful_sampler.plugins import trainer_observer
+from stateful_sampler.ranks import process_world_size
 from stateful_sampler.resumable import ResumableOrder
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
@@ -403,8 +404,8 @@ def _with_every_rank_rng(position: dict[str, Any]) -> dict[str, Any]:
         return position
     position = dict(position)
     own = position.pop(_OWN_RNG)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        every: list[Any] = [None] * dist.get_world_size()
+    if process_world_size() > 1:
+        every: list[Any] = [None] * process_world_size()
         dist.all_gather_object(every, own)
     else:
         every = [own]

@@ -28,6 +28,7 @@ from stateful_sampler.lightning.loaders import (
     loader_batching,
     stateful_samplers_of,
 )
+from stateful_sampler.wrappers import loaders_in
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -53,7 +54,7 @@ def count_epoch(trainer: Trainer, batches_before: int, fetched: int) -> bool:
     ``limit_train_batches``; ``fetched`` is the batches Lightning counts as fetched in the epoch.
     Returns whether those reach the epoch's end."""
     combined, _ = iterated_train_loader(trainer)
-    limits = [_loader_batches(trainer, loader, batches_before) for loader in combined.flattened]
+    limits = [_loader_batches(trainer, loader, batches_before) for loader in loaders_in(combined)]
     return hold_epoch_batches(trainer, limits, fetched)
 
 
