@@ -58,6 +58,8 @@ from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_st
 
 if TYPE_CHECKING:  # either package's; see framework.py
     from lightning.pytorch import LightningModule, Trainer
+
+    # private: Lightning's progress tracker type, for typing only
     from lightning.pytorch.loops.progress import _ProcessedTracker
 
 CALLBACK_STATE_VERSION = 3
@@ -447,5 +449,6 @@ def _mid_epoch(trainer: Trainer) -> bool:
 
 def _fetched(trainer: Trainer) -> int:
     """The batches the fit loop's data fetcher has fetched since it last started."""
+    # private: Lightning's data fetcher holds the count fetched; no public accessor
     fetcher = trainer.fit_loop._data_fetcher
     return fetcher.fetched if fetcher is not None else 0

@@ -65,8 +65,10 @@ def hold_epoch_batches(trainer: Trainer, limits: list[int | float], fetched: int
     combined.limits = list(limits)
     iterator.limits = combined.limits
     # not len(iterator): it caps each limit at len(loader), which a resumed epoch may exceed
+    # private: the CombinedLoader's mode, only stored privately
     total = min(limits) if combined._mode == "min_size" else max(limits)
     trainer.fit_loop.max_batches = total
+    # private: Lightning's data fetcher holds the epoch length it stops at
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is None or fetcher.length is None:
         return False

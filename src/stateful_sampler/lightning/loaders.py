@@ -30,20 +30,24 @@ def combined_train_loader(trainer: Trainer) -> CombinedLoader | None:
     ``trainer.train_dataloader`` gives the user's structure; the fit loop's own object also holds
     the per-loader batch limits, which ``carry`` keeps in step with its epoch lengths.
     """
+    # private: the fit loop's own CombinedLoader holds the per-loader limits in force
     return trainer.fit_loop._combined_loader
 
 
 def iterated_train_loader(trainer: Trainer) -> tuple[CombinedLoader, Any]:
     """The fit loop's ``CombinedLoader`` and its live iterator, which holds the limits in force."""
     combined = combined_train_loader(trainer)
-    if combined is None or combined._iterator is None:
+    # private: the CombinedLoader's live iterator holds the limits in force
+    iterator = combined._iterator if combined is not None else None
+    if combined is None or iterator is None:
         raise RuntimeError("the train loader is not iterated yet: call this inside Trainer.fit, from on_train_start on")
-    return combined, combined._iterator
+    return combined, iterator
 
 
 def restart_train_iteration(trainer: Trainer) -> None:
     """Start the fit loop's iteration over the train loaders again, so every sampler begins a new
     pass (and its workers drop what they prefetched)."""
+    # private: iter(fetcher) restarts the fit loop's iteration, as Lightning does
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is None:
         raise RuntimeError("the train loader is not iterated yet: call this inside Trainer.fit, from on_train_start on")
@@ -86,9 +90,11 @@ def keep_distributed_batch_samplers(trainer: Trainer) -> None:
     ``DistributedSampler``. Lightning looks at ``loader.sampler`` only, a ``SequentialSampler`` beside a batch
     sampler, and rebuilds the batch sampler around a ``DistributedSampler`` of its own: a ``TypeError``, since
     ours takes none (it shards itself)."""
+    # private: Lightning's decision to replace samplers lives on its data connector only
     connector = trainer._data_connector
+    # private: wrapped, on this Trainer only, so a batch sampler of ours is kept
     if not isinstance(connector._requires_distributed_sampler, _KeepOurBatchSamplers):
-        # on this Trainer's connector only
+        # private: the same, on this Trainer's connector only
         connector._requires_distributed_sampler = _KeepOurBatchSamplers(connector._requires_distributed_sampler)  # type: ignore[method-assign]
 
 
@@ -134,6 +140,7 @@ def checked_train_samplers(trainer: Trainer) -> list[StatefulSampler]:
         # either package's DistributedSamplerWrapper, found at run time (framework.py), so typed Any
         wrapped: list[Any] = [s for s in samplers if isinstance(s, framework_of(trainer).distributed_sampler_wrapper)]
         if wrapped:
+            # private: the sampler DistributedSamplerWrapper wraps, named in the error
             inner = type(wrapped[0].dataset._sampler).__name__
             raise SamplerSetupError(
                 f"train dataloader {index}: Lightning wrapped its {inner} in DistributedSamplerWrapper, which "
@@ -173,6 +180,7 @@ def _check_not_cycled(combined: CombinedLoader) -> None:
     loaders = loaders_in(combined)
     limits = combined.limits or [float("inf")] * len(loaders)
     batches = [min(len(loader), limit) for loader, limit in zip(loaders, limits)]
+    # private: the CombinedLoader's mode, only stored privately
     if combined._mode == "max_size_cycle" and len(set(batches)) > 1:
         raise SamplerSetupError(
             f"train dataloaders of {batches} batches an epoch: CombinedLoader mode 'max_size_cycle' (the default "
