@@ -4,9 +4,9 @@ packing and stream classes live in their sub-packages, and no module touches ano
 
 Decisions the checks encode:
 
-- An import counts as an edge of the graph when it runs at module level, ``if TYPE_CHECKING:`` blocks included (a
-  typing circle tangles the modules as much); an import inside a function does not (it runs once both modules are
-  loaded, which is why it is written there). ``from a import b`` is an edge to ``a.b`` when that is a module.
+- Every import is an edge of the graph: at module level, under ``if TYPE_CHECKING:`` (a typing circle tangles the
+  modules as much) and inside functions (a lazy import hides a circle from the interpreter, not from the reader;
+  the package has none, so none is needed). ``from a import b`` is an edge to ``a.b`` when that is a module.
 - A packing or stream class is a class whose name says so (``Packed``, ``Stream``, ``TokenBudget``, ``RowSampler``,
   ``Shard``), an ``IterableDataset``, or a subclass of a class defined in ``packing/`` or ``stream/``. Errors are
   not: they all live in ``errors.py``.
@@ -58,27 +58,13 @@ def modules() -> dict[str, tuple[Path, ast.Module]]:
     return {module_name(path): (path, ast.parse(path.read_text())) for path in sorted((SRC / PACKAGE).rglob("*.py"))}
 
 
-def module_level(nodes: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """The statements that run when the module is imported: into ``if``/``try``/``with`` blocks, not functions."""
-    for node in nodes:
-        yield node
-        if isinstance(node, (ast.If, ast.Try, ast.With)):
-            for block in ("body", "orelse", "finalbody", "handlers"):
-                for inner in getattr(node, block, []):
-                    yield from module_level(inner.body if isinstance(inner, ast.ExceptHandler) else [inner])
-
-
-def imported(module: str, node: ast.stmt, known: set[str]) -> Iterator[str]:
+def imported(module: str, node: ast.AST, known: set[str]) -> Iterator[str]:
     """The package's modules an import statement of ``module`` loads."""
     if isinstance(node, ast.Import):
         yield from (alias.name for alias in node.names if alias.name in known)
     elif isinstance(node, ast.ImportFrom):
-        if node.level:  # relative: from the package holding ``module``
-            is_package = modules()[module][0].name == "__init__.py"
-            base = module.split(".")[: len(module.split(".")) - node.level + is_package]
-            target = ".".join([*base, node.module] if node.module else base)
-        else:
-            target = node.module or ""
+        assert node.level == 0, f"{module}: the package imports by absolute names, so the graph reads them as such"
+        target = node.module or ""
         for alias in node.names:
             if f"{target}.{alias.name}" in known:
                 yield f"{target}.{alias.name}"
@@ -89,7 +75,7 @@ def imported(module: str, node: ast.stmt, known: set[str]) -> Iterator[str]:
 def import_graph() -> dict[str, set[str]]:
     known = set(modules())
     return {
-        name: {target for node in module_level(tree.body) for target in imported(name, node, known)} - {name}
+        name: {target for node in ast.walk(tree) for target in imported(name, node, known)} - {name}
         for name, (_, tree) in modules().items()
     }
 
@@ -130,6 +116,9 @@ def test_a_circle_is_found() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
     assert find_circle(graph) == ["a", "b", "c", "a"]
     assert find_circle({"a": {"b"}, "b": set()}) is None
+    package = import_graph()
+    package["stateful_sampler.wrappers"].add("stateful_sampler.loader")  # the loader imports wrappers
+    assert find_circle(package) == ["stateful_sampler.loader", "stateful_sampler.wrappers", "stateful_sampler.loader"]
 
 
 def packing_or_stream_classes() -> Iterator[tuple[str, str]]:
