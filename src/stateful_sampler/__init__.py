@@ -1,6 +1,7 @@
 """Checkpointable, exactly reproducible data order for PyTorch training."""
 
 from stateful_sampler.errors import (
+    BatchSizeError,
     DoubleShardingError,
     IncompatibleStateError,
     PrefetchedStateError,
@@ -35,6 +36,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "Batch",
+    "BatchSizeError",
     "Curriculum",
     "DoubleShardingError",
     "GlobalRNGThreadError",

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.loader import ResumableLoader
+from stateful_sampler.ranks import process_rank, process_world_size
 
 
 class DistributedLoaderState:
@@ -31,9 +32,10 @@ class DistributedLoaderState:
 
     def state_dict(self) -> dict[str, Any]:
         own = json.dumps(self.loader.state_dict(), sort_keys=True)
-        if not (dist.is_available() and dist.is_initialized()):
+        world = process_world_size()
+        if world == 1:
             return {"ranks": [own]}
-        ranks: list[Any] = [None] * dist.get_world_size()
+        ranks: list[Any] = [None] * world
         dist.all_gather_object(ranks, own)
         return {"ranks": ranks}
 
@@ -53,9 +55,8 @@ class DistributedLoaderState:
                     positions[0],
                     "the saving ranks were not in step (rank 0 differs)",
                 )
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        rank = dist.get_rank() if world > 1 else 0
-        own = saved_states[rank] if len(saved_states) == world else {**saved_states[0], "rng_states": None}
+        world = process_world_size()
+        own = saved_states[process_rank()] if len(saved_states) == world else {**saved_states[0], "rng_states": None}
         self.loader.load_state_dict(own)
 
 

@@ -42,6 +42,19 @@ class StreamSetupError(ValueError):
     """A loader around a ``ShardedStream`` that would deliver other records than its state counts."""
 
 
+class BatchSizeError(SamplerSetupError, StreamSetupError):
+    """A loader whose batch size contradicts its order's, or that batches with neither known: the order counts
+    consumed batches in its own batch size. Names both values. A ``SamplerSetupError`` and a ``StreamSetupError``
+    (and so a ``ValueError``), as the core, Lightning and the stream raised before they shared one check."""
+
+    field = "batch_size"
+
+    def __init__(self, message: str, *, loader_batch_size: int | None, order_batch_size: int | None) -> None:
+        self.loader_batch_size = loader_batch_size
+        self.order_batch_size = order_batch_size
+        super().__init__(message)
+
+
 class ConfigError(ValueError):
     """A LightningCLI config that is missing, not YAML, or that LightningCLI refuses."""
 

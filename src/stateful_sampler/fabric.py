@@ -21,6 +21,7 @@ except ModuleNotFoundError as error:
     raise missing_extra(error, "fabric", __name__) from error
 
 if TYPE_CHECKING:
+    # private: Fabric's loader type, for typing only: Fabric exports no public name for it
     from lightning.fabric.wrappers import _FabricDataLoader
 
 
@@ -56,6 +57,7 @@ def setup_dataloader(
         )
 
     def sync_fabric_epoch(epoch: int) -> None:
+        # private: Fabric's count of passes, which it passes to set_epoch; no public setter exists
         prepared._num_iter_calls = epoch  # Fabric's pass count, which it passes to sampler.set_epoch
 
     return _FabricLoader(prepared, epoch_sync=sync_fabric_epoch, rng_states=rng_states)

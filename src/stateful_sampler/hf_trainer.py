@@ -88,6 +88,7 @@ class ResumableTrainer(Trainer):
         if getattr(self.args, "train_sampling_strategy", "random") == "group_by_length":
             strategy = LengthGrouped(self._lengths(dataset))  # the global batch comes from the sampler
         # the Trainer refuses a missing train_dataset before it asks for a sampler; torch types Dataset without __len__
+        # private: the Trainer's per-device batch size as it batches the train loader (no public one)
         return StatefulSampler(cast(Sized, dataset), seed=seed, batch_size=self._train_batch_size, strategy=strategy)
 
     def _lengths(self, dataset: Any) -> list[int]:
@@ -121,6 +122,7 @@ class ResumableTrainer(Trainer):
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """Write the consumed position first: a folder whose trainer state is written then has it too."""
         if self._train_loader is not None and self.args.should_save:
+            # private: the Trainer's own checkpoint folder, so the position lands beside its files
             folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             folder.mkdir(parents=True, exist_ok=True)
             (folder / STATE_FILE).write_text(json.dumps(self._train_loader.state_dict()))
@@ -137,4 +139,4 @@ class _TrainerLoader(ResumableLoader):
     def __len__(self) -> int:
         records = len(self.sampler)
         batch = self.sampler.batch_size or 1
-        return records // batch if self._drop_last else -(-records // batch)
+        return records // batch if self.drop_last else -(-records // batch)

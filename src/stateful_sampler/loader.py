@@ -19,10 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
-from stateful_sampler.checks import check_bool, check_int, check_optional_int
-from stateful_sampler.errors import DoubleShardingError, IncompatibleStateError, SamplerNotFoundError, StalePassError
+from stateful_sampler.checks import check_bool, check_optional_int
+from stateful_sampler.errors import (
+    BatchSizeError,
+    DoubleShardingError,
+    IncompatibleStateError,
+    SamplerNotFoundError,
+    StalePassError,
+)
 from stateful_sampler.hooks import (
     BatchHook,  # noqa: F401 - re-exported, the registry lives in hooks
     StateHook,  # noqa: F401 - re-exported, the registry lives in hooks
@@ -33,11 +38,17 @@ from stateful_sampler.hooks import (
     state_loaded,
     state_taken,
 )
-from stateful_sampler.order.layout import MAX_BATCH
 from stateful_sampler.plugins import install
-from stateful_sampler.resumable import WRAPPED_LOADERS, ResumableOrder, dataloaders_under, loader_batches
+from stateful_sampler.resumable import ResumableOrder, loader_batches
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.seeding.snapshot import capture_rank_rng_states, check_rank_rng_states, rank_rng_restorer
+from stateful_sampler.wrappers import (
+    adopt_batch_size,
+    batch_size_on,
+    dataloaders_under,
+    innermost_dataloader,
+    path_to_order,
+)
 
 # 2 added ``rng_states``: the process's RNG states at the save (``None`` when not captured), kept apart from
 # the sampler's few hundred bytes. 3 keeps them by rank (``capture_rank_rng_states``). Version 1 (release
@@ -51,12 +62,6 @@ _LOADER_FIELDS = {
 }
 _FABRIC_0_2_RANKS = "every_rank"  # release 0.2.0's Fabric plug-in: {"every_rank": [rank 0's, rank 1's, ...]}
 _SAMPLER_STATE_MARKERS = ("size", "seed", "epoch", "position")
-
-# Where frameworks keep the loader or sampler they wrap: torch's DataLoader and BatchSampler,
-# Fabric's _FabricDataLoader (_dataloader), Accelerate's DataLoaderShard / BatchSamplerShard /
-# SkipDataLoader (batch_sampler, base_dataloader); a DataLoader's dataset, for a DatasetOrder (ShardedStream).
-_WRAPPED = ("sampler", "batch_sampler", "_dataloader", "base_dataloader", "dataloader", "loader", "dataset")
-_MAX_DEPTH = 6
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,7 @@ class ResumableLoader:
     @property
     def dataset(self) -> Any:
         """The dataset of the ``DataLoader`` iterated (through any framework wrapper)."""
-        inner = _inner_dataloader(self.loader)
+        inner = innermost_dataloader(self.loader)
         return getattr(inner if inner is not None else self.loader, "dataset", None)
 
     @property
@@ -200,9 +205,14 @@ class ResumableLoader:
         return self._records_per_batch if _batches(self.loader) else None
 
     @property
+    def drop_last(self) -> bool:
+        """Whether the ``DataLoader`` drops each pass's last, partial batch."""
+        return self._drop_last
+
+    @property
     def num_workers(self) -> int:
         """The ``DataLoader``'s worker processes (0 when the loader is none)."""
-        inner = _inner_dataloader(self.loader)
+        inner = innermost_dataloader(self.loader)
         return int(getattr(inner, "num_workers", 0) or 0)
 
     @property
@@ -364,28 +374,15 @@ def _records_per_batch(loader: Any, sampler: ResumableOrder) -> int:
 
 def _batches(loader: Any) -> bool:
     """Whether the ``DataLoader`` iterated batches its records (``batch_size=None`` yields them one by one)."""
-    inner = _inner_dataloader(loader)
+    inner = innermost_dataloader(loader)
     if inner is None:
         return True
     return inner.batch_size is not None or inner.batch_sampler is not None
 
 
 def _drops_last(loader: Any) -> bool:
-    inner = _inner_dataloader(loader)
+    inner = innermost_dataloader(loader)
     return bool(inner is not None and inner.drop_last and inner.batch_size is not None)
-
-
-def _inner_dataloader(loader: Any) -> DataLoader | None:
-    """The innermost ``DataLoader`` under ``loader``'s wrappers."""
-    found = None
-    seen: set[int] = set()
-    obj = loader
-    while obj is not None and id(obj) not in seen:
-        seen.add(id(obj))
-        if isinstance(obj, DataLoader):
-            found = obj
-        obj = next((getattr(obj, name) for name in WRAPPED_LOADERS if getattr(obj, name, None) is not None), None)
-    return found
 
 
 def find_sampler(loader: Any) -> StatefulSampler:
@@ -396,7 +393,7 @@ def find_sampler(loader: Any) -> StatefulSampler:
     Refuses a loader without a sampler, a loader that batches with neither batch size known, and a
     wrapper that shards the sampler's already sharded output again.
     """
-    path = _path_to_sampler(loader, [], set())
+    path = path_to_order(loader)
     if path is None:
         inner = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
         raise SamplerNotFoundError(
@@ -405,19 +402,13 @@ def find_sampler(loader: Any) -> StatefulSampler:
             f"DataLoader(dataset, sampler=StatefulSampler(dataset), batch_size=B)"
         )
     sampler = path[-1]
-    batch_sizes = [size for size in (getattr(obj, "batch_size", None) for obj in path[:-1]) if size is not None]
-    loader_batch = batch_sizes[-1] if batch_sizes else None
-    if sampler.batch_size is None and loader_batch is not None:
-        sampler.batch_size = check_int("the loader's batch_size", loader_batch, minimum=1, maximum=MAX_BATCH)
-    elif loader_batch is not None and loader_batch != sampler.batch_size:
-        raise ValueError(
-            f"the loader's batch_size={loader_batch} contradicts the sampler's batch_size={sampler.batch_size}: "
-            f"give the batch size once (the DataLoader's is enough)"
-        )
-    if sampler.batch_size is None and _batches(loader) and _inner_dataloader(loader) is None:
-        raise ValueError(
+    adopt_batch_size(sampler, batch_size_on(path))
+    if sampler.batch_size is None and _batches(loader) and innermost_dataloader(loader) is None:
+        raise BatchSizeError(
             f"ResumableLoader counts consumed batches, and neither {type(loader).__name__} nor its StatefulSampler "
-            f"has a batch_size: pass StatefulSampler(..., batch_size=B)"
+            f"has a batch_size: pass StatefulSampler(..., batch_size=B)",
+            loader_batch_size=None,
+            order_batch_size=None,
         )
     for wrapper in path[:-1]:
         processes = getattr(wrapper, "num_processes", 1)
@@ -444,19 +435,3 @@ def _own_generators(loader: Any) -> list[torch.Generator]:
             found.generator = torch.Generator()
             generators.append(found.generator)
     return generators
-
-
-def _path_to_sampler(obj: Any, path: list[Any], seen: set[int]) -> list[Any] | None:
-    """Depth-first through the known wrapper attributes; the objects from ``obj`` to the sampler."""
-    if id(obj) in seen or len(path) > _MAX_DEPTH:
-        return None
-    seen.add(id(obj))
-    if isinstance(obj, (StatefulSampler, ResumableOrder)):
-        return [*path, obj]
-    for name in _WRAPPED:
-        inner = getattr(obj, name, None)
-        if inner is not None:
-            found = _path_to_sampler(inner, [*path, obj], seen)
-            if found is not None:
-                return found
-    return None

@@ -19,18 +19,19 @@ from __future__ import annotations
 import torch.distributed as dist
 
 
-def _grouped() -> bool:
+def in_process_group() -> bool:
+    """Whether this process has joined a default process group."""
     return dist.is_available() and dist.is_initialized()
 
 
 def process_world_size() -> int:
     """The default process group's size, or 1 without one."""
-    return dist.get_world_size() if _grouped() else 1
+    return dist.get_world_size() if in_process_group() else 1
 
 
 def process_rank() -> int:
     """This process's rank in the default process group, or 0 without one."""
-    return dist.get_rank() if _grouped() else 0
+    return dist.get_rank() if in_process_group() else 0
 
 
 def resolve_ranks(num_replicas: int | None, rank: int | None) -> tuple[int, int]:

@@ -18,11 +18,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from torch.utils.data import DataLoader
-
-# Where wrappers keep the loader they iterate (Fabric, Accelerate, ResumableLoader, StreamLoader's pass).
-WRAPPED_LOADERS = ("_dataloader", "base_dataloader", "dataloader", "loader")
-
 
 @runtime_checkable
 class ResumableOrder(Protocol):
@@ -78,16 +73,3 @@ class DatasetOrder(ResumableOrder, Protocol):
 def loader_batches(order: Any, loader: Iterable[Any]) -> Iterable[Any]:
     """What to iterate for one pass: the loader, through the order's ``loader_pass`` when it has one."""
     return order.loader_pass(loader) if isinstance(order, DatasetOrder) else loader
-
-
-def dataloaders_under(loader: Any) -> Iterator[DataLoader]:
-    """Each ``DataLoader`` at ``loader`` or inside the wrappers frameworks put around it, once each."""
-    pending, seen = [loader], set()
-    while pending:
-        obj = pending.pop()
-        if obj is None or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, DataLoader):
-            yield obj
-        pending += [getattr(obj, name, None) for name in WRAPPED_LOADERS]

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader
 
-from stateful_sampler import IncompatibleStateError, ResumableLoader, StatefulSampler
+from stateful_sampler import BatchSizeError, IncompatibleStateError, ResumableLoader, StatefulSampler
 from stateful_sampler.loader import DoubleShardingError, SamplerNotFoundError, add_batch_hook, add_state_hook
 
 
@@ -99,7 +99,7 @@ def test_a_sampler_without_batch_size_takes_the_loader_s() -> None:  # issue 20:
 
 def test_a_loader_batch_size_other_than_the_sampler_s_is_refused() -> None:
     sampler = StatefulSampler(10, batch_size=2)
-    with pytest.raises(ValueError, match=r"the loader's batch_size=3 contradicts the sampler's batch_size=2"):
+    with pytest.raises(BatchSizeError, match=r"the loader's batch_size=3 contradicts the sampler's batch_size=2"):
         ResumableLoader(DataLoader(range(10), batch_sampler=BatchSampler(sampler, 3, drop_last=False)))
 
 

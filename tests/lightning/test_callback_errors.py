@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader, RandomSampler
 
-from stateful_sampler import IncompatibleStateError, StatefulSampler
+from stateful_sampler import BatchSizeError, IncompatibleStateError, StatefulSampler
 from stateful_sampler.lightning import SamplerSetupError
 from tests.lightning.lightning_harness import (
     WORKERS,
@@ -44,7 +44,7 @@ def test_a_plain_shuffled_loader_is_refused_with_the_fix() -> None:
 
 def test_a_loader_batch_size_that_contradicts_the_sampler_is_refused() -> None:
     sampler = StatefulSampler(DATASET, batch_size=8)
-    assert fit_fails(DataLoader(DATASET, sampler=sampler, batch_size=4)) == (
+    assert fit_fails(DataLoader(DATASET, sampler=sampler, batch_size=4), BatchSizeError) == (
         "train dataloader 0: DataLoader batch_size=4 contradicts StatefulSampler batch_size=8; pass the same "
         "value to both"
     )

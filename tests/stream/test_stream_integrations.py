@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
+from stateful_sampler import BatchSizeError
 from stateful_sampler.loader import ResumableLoader
 from tests.stream_helpers import make_stream
 
@@ -43,7 +44,7 @@ def test_resumable_loader_resumes_a_stream_mid_epoch_and_after_the_loop_exactly(
 
 def test_resumable_loader_refuses_a_dataloader_batch_size_that_contradicts_the_stream() -> None:
     stream = make_stream([4, 7, 3], batch_size=2)
-    with pytest.raises(ValueError, match=r"the loader's batch_size=4 contradicts the sampler's batch_size=2"):
+    with pytest.raises(BatchSizeError, match=r"the loader's batch_size=4 contradicts the sampler's batch_size=2"):
         ResumableLoader(DataLoader(stream, batch_size=4))
 
 

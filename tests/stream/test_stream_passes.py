@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from stateful_sampler import IncompatibleStateError
+from stateful_sampler import BatchSizeError, IncompatibleStateError
 from stateful_sampler.loader import ResumableLoader
 from stateful_sampler.stream import KeyedTransform, SeededTransform, ShardedStream, StreamSetupError
 from tests.stream_helpers import MemoryReader, make_stream
@@ -39,9 +39,9 @@ def test_a_plain_dataloader_of_another_batch_size_is_refused_at_its_first_batch(
 def test_stream_loader_takes_the_streams_batch_size_and_refuses_a_contradiction() -> None:
     stream = make_stream(COUNTS, batch_size=4)
     assert stream.loader().batch_size == 4 and sizes([ids(stream.loader())]) == [8]
-    with pytest.raises(StreamSetupError, match=r"DataLoader batch_size=8 contradicts ShardedStream batch_size=4"):
+    with pytest.raises(BatchSizeError, match=r"DataLoader batch_size=8 contradicts ShardedStream batch_size=4"):
         stream.loader(batch_size=8)
-    with pytest.raises(StreamSetupError, match=r"DataLoader batch_size=None contradicts ShardedStream batch_size=4"):
+    with pytest.raises(BatchSizeError, match=r"DataLoader batch_size=None contradicts ShardedStream batch_size=4"):
         stream.loader(batch_size=None)
     with pytest.raises(StreamSetupError, match=r"drop_last=True would drop the pass's last, partial batch"):
         stream.loader(drop_last=True)

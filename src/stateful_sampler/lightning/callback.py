@@ -51,12 +51,15 @@ from stateful_sampler.lightning.restart import (
     start_next_epoch,
 )
 from stateful_sampler.plugins import trainer_observer
+from stateful_sampler.ranks import process_world_size
 from stateful_sampler.resumable import ResumableOrder
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.seeding.snapshot import capture_rng_states, restore_rng_states
 
 if TYPE_CHECKING:  # either package's; see framework.py
     from lightning.pytorch import LightningModule, Trainer
+
+    # private: Lightning's progress tracker type, for typing only
     from lightning.pytorch.loops.progress import _ProcessedTracker
 
 CALLBACK_STATE_VERSION = 3
@@ -403,8 +406,8 @@ def _with_every_rank_rng(position: dict[str, Any]) -> dict[str, Any]:
         return position
     position = dict(position)
     own = position.pop(_OWN_RNG)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        every: list[Any] = [None] * dist.get_world_size()
+    if process_world_size() > 1:
+        every: list[Any] = [None] * process_world_size()
         dist.all_gather_object(every, own)
     else:
         every = [own]
@@ -446,5 +449,6 @@ def _mid_epoch(trainer: Trainer) -> bool:
 
 def _fetched(trainer: Trainer) -> int:
     """The batches the fit loop's data fetcher has fetched since it last started."""
+    # private: Lightning's data fetcher holds the count fetched; no public accessor
     fetcher = trainer.fit_loop._data_fetcher
     return fetcher.fetched if fetcher is not None else 0

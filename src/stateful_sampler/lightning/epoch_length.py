@@ -28,6 +28,7 @@ from stateful_sampler.lightning.loaders import (
     loader_batching,
     stateful_samplers_of,
 )
+from stateful_sampler.wrappers import loaders_in
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -53,7 +54,7 @@ def count_epoch(trainer: Trainer, batches_before: int, fetched: int) -> bool:
     ``limit_train_batches``; ``fetched`` is the batches Lightning counts as fetched in the epoch.
     Returns whether those reach the epoch's end."""
     combined, _ = iterated_train_loader(trainer)
-    limits = [_loader_batches(trainer, loader, batches_before) for loader in combined.flattened]
+    limits = [_loader_batches(trainer, loader, batches_before) for loader in loaders_in(combined)]
     return hold_epoch_batches(trainer, limits, fetched)
 
 
@@ -64,8 +65,10 @@ def hold_epoch_batches(trainer: Trainer, limits: list[int | float], fetched: int
     combined.limits = list(limits)
     iterator.limits = combined.limits
     # not len(iterator): it caps each limit at len(loader), which a resumed epoch may exceed
+    # private: the CombinedLoader's mode, only stored privately
     total = min(limits) if combined._mode == "min_size" else max(limits)
     trainer.fit_loop.max_batches = total
+    # private: Lightning's data fetcher holds the epoch length it stops at
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is None or fetcher.length is None:
         return False

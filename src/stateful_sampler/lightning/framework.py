@@ -43,7 +43,9 @@ def load_framework(package: str) -> Framework:
     return Framework(
         possible_user_warning=module(f"{pytorch}.utilities.warnings").PossibleUserWarning,
         distributed_sampler_wrapper=module(f"{fabric}.utilities.distributed").DistributedSamplerWrapper,
+        # private: Lightning's protocol of loaders with a state_dict (torchdata's), by which it picks their states
         stateful=module(f"{fabric}.utilities.types")._Stateful,
+        # private: Lightning's parsing of limit_train_batches, to count epochs as Lightning does
         parse_num_batches=module(f"{pytorch}.trainer.connectors.data_connector")._parse_num_batches,
         training_stage=module(f"{pytorch}.trainer.states").RunningStage.TRAINING,
         restarts_from_completed=_release(module(pytorch).__version__) < (2, 5),

@@ -13,12 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from stateful_sampler.checks import check_int
-from stateful_sampler.errors import SamplerSetupError
+from stateful_sampler.errors import BatchSizeError, SamplerSetupError
 from stateful_sampler.lightning.framework import framework_of
-from stateful_sampler.order.layout import MAX_BATCH
 from stateful_sampler.resumable import DatasetOrder
 from stateful_sampler.sampler import StatefulSampler
+from stateful_sampler.wrappers import BatchSizeWords, adopt_batch_size, batch_size_on, loaders_in, path_to, samplers_at
 
 if TYPE_CHECKING:  # either package's; see framework.py
     from lightning.pytorch import Trainer
@@ -31,20 +30,24 @@ def combined_train_loader(trainer: Trainer) -> CombinedLoader | None:
     ``trainer.train_dataloader`` gives the user's structure; the fit loop's own object also holds
     the per-loader batch limits, which ``carry`` keeps in step with its epoch lengths.
     """
+    # private: the fit loop's own CombinedLoader holds the per-loader limits in force
     return trainer.fit_loop._combined_loader
 
 
 def iterated_train_loader(trainer: Trainer) -> tuple[CombinedLoader, Any]:
     """The fit loop's ``CombinedLoader`` and its live iterator, which holds the limits in force."""
     combined = combined_train_loader(trainer)
-    if combined is None or combined._iterator is None:
+    # private: the CombinedLoader's live iterator holds the limits in force
+    iterator = combined._iterator if combined is not None else None
+    if combined is None or iterator is None:
         raise RuntimeError("the train loader is not iterated yet: call this inside Trainer.fit, from on_train_start on")
-    return combined, combined._iterator
+    return combined, iterator
 
 
 def restart_train_iteration(trainer: Trainer) -> None:
     """Start the fit loop's iteration over the train loaders again, so every sampler begins a new
     pass (and its workers drop what they prefetched)."""
+    # private: iter(fetcher) restarts the fit loop's iteration, as Lightning does
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is None:
         raise RuntimeError("the train loader is not iterated yet: call this inside Trainer.fit, from on_train_start on")
@@ -56,7 +59,7 @@ def train_samplers(trainer: Trainer) -> list[StatefulSampler]:
     combined = combined_train_loader(trainer)
     if combined is None:
         return []
-    return [s for loader in combined.flattened for s in stateful_samplers_of(loader)]
+    return [s for loader in loaders_in(combined) for s in stateful_samplers_of(loader)]
 
 
 def set_batch_sampler_epochs(trainer: Trainer, epoch: int) -> None:
@@ -65,7 +68,7 @@ def set_batch_sampler_epochs(trainer: Trainer, epoch: int) -> None:
     epoch's pass at the start of the next (Lightning stops fetching at its count, so that pass never sees its
     end), and the next epoch's batches would be counted from it."""
     combined = combined_train_loader(trainer)
-    for loader in combined.flattened if combined is not None else []:
+    for loader in loaders_in(combined) if combined is not None else []:
         batch_sampler = getattr(loader, "batch_sampler", None)
         if isinstance(batch_sampler, StatefulSampler):
             batch_sampler.set_epoch(epoch)
@@ -87,9 +90,11 @@ def keep_distributed_batch_samplers(trainer: Trainer) -> None:
     ``DistributedSampler``. Lightning looks at ``loader.sampler`` only, a ``SequentialSampler`` beside a batch
     sampler, and rebuilds the batch sampler around a ``DistributedSampler`` of its own: a ``TypeError``, since
     ours takes none (it shards itself)."""
+    # private: Lightning's decision to replace samplers lives on its data connector only
     connector = trainer._data_connector
+    # private: wrapped, on this Trainer only, so a batch sampler of ours is kept
     if not isinstance(connector._requires_distributed_sampler, _KeepOurBatchSamplers):
-        # on this Trainer's connector only
+        # private: the same, on this Trainer's connector only
         connector._requires_distributed_sampler = _KeepOurBatchSamplers(connector._requires_distributed_sampler)  # type: ignore[method-assign]
 
 
@@ -98,7 +103,7 @@ def stateful_samplers_of(loader: Any) -> list[StatefulSampler]:
     dataset = getattr(loader, "dataset", None)
     if isinstance(dataset, DatasetOrder):
         return [dataset]  # type: ignore[list-item]
-    return [s for s in _samplers_of(loader) if isinstance(s, StatefulSampler)]
+    return [s for s in samplers_at(loader) if isinstance(s, StatefulSampler)]
 
 
 def superseded_loader_states(trainer: Trainer) -> list[int]:
@@ -108,7 +113,7 @@ def superseded_loader_states(trainer: Trainer) -> list[int]:
     combined = combined_train_loader(trainer)
     if combined is None:
         return []
-    stateful = [loader for loader in combined.flattened if isinstance(loader, framework_of(trainer).stateful)]
+    stateful = [loader for loader in loaders_in(combined) if isinstance(loader, framework_of(trainer).stateful)]
     return [index for index, loader in enumerate(stateful) if stateful_samplers_of(loader)]
 
 
@@ -129,12 +134,13 @@ def checked_train_samplers(trainer: Trainer) -> list[StatefulSampler]:
     _check_not_overfitting(trainer)
     _check_not_cycled(combined)
     found = []
-    for index, loader in enumerate(combined.flattened):
-        samplers = _samplers_of(loader)
+    for index, loader in enumerate(loaders_in(combined)):
+        samplers = samplers_at(loader)
         stateful = stateful_samplers_of(loader)
         # either package's DistributedSamplerWrapper, found at run time (framework.py), so typed Any
         wrapped: list[Any] = [s for s in samplers if isinstance(s, framework_of(trainer).distributed_sampler_wrapper)]
         if wrapped:
+            # private: the sampler DistributedSamplerWrapper wraps, named in the error
             inner = type(wrapped[0].dataset._sampler).__name__
             raise SamplerSetupError(
                 f"train dataloader {index}: Lightning wrapped its {inner} in DistributedSamplerWrapper, which "
@@ -171,8 +177,10 @@ def _check_not_cycled(combined: CombinedLoader) -> None:
     """``max_size_cycle`` (Lightning's default for several loaders) restarts a shorter loader in the
     middle of an epoch, so its sampler's passes drift away from the epochs: there is no position
     that a resumed run could continue from."""
-    limits = combined.limits or [float("inf")] * len(combined.flattened)
-    batches = [min(len(loader), limit) for loader, limit in zip(combined.flattened, limits)]
+    loaders = loaders_in(combined)
+    limits = combined.limits or [float("inf")] * len(loaders)
+    batches = [min(len(loader), limit) for loader, limit in zip(loaders, limits)]
+    # private: the CombinedLoader's mode, only stored privately
     if combined._mode == "max_size_cycle" and len(set(batches)) > 1:
         raise SamplerSetupError(
             f"train dataloaders of {batches} batches an epoch: CombinedLoader mode 'max_size_cycle' (the default "
@@ -181,32 +189,20 @@ def _check_not_cycled(combined: CombinedLoader) -> None:
         )
 
 
-def _samplers_of(loader: Any) -> list[Any]:
-    """The distinct objects at ``loader.sampler`` and ``loader.batch_sampler.sampler``, and ``loader.batch_sampler``
-    when it is a ``StatefulSampler`` itself (``TokenBudgetBatches``)."""
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    ours = batch_sampler if isinstance(batch_sampler, StatefulSampler) else None
-    candidates = [getattr(loader, "sampler", None), ours, getattr(batch_sampler, "sampler", None)]
-    distinct: dict[int, Any] = {id(c): c for c in candidates if c is not None}
-    return list(distinct.values())
-
-
 def _check_batch_size(index: int, loader: Any, sampler: StatefulSampler) -> None:
     """The sampler counts consumed batches in its own batch size, so it must be the loader's: a sampler
     without one takes the loader's (asked once), a contradiction is refused."""
-    loader_batch = getattr(loader, "batch_size", None)
-    if loader_batch is None:
-        loader_batch = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
-    if sampler.batch_size is None and loader_batch is not None:
-        sampler.batch_size = check_int("the train DataLoader's batch_size", loader_batch, minimum=1, maximum=MAX_BATCH)
+    path = path_to(loader, sampler)
+    loader_batch = batch_size_on(path) if path is not None else None
+    words = BatchSizeWords(
+        "DataLoader", "StatefulSampler", "; pass the same value to both", f"train dataloader {index}: "
+    )
+    adopt_batch_size(sampler, loader_batch, words=words)
     if sampler.batch_size is None:
         hint = loader_batch if loader_batch is not None else "B"
-        raise SamplerSetupError(
+        raise BatchSizeError(
             f"train dataloader {index}: StatefulSampler needs batch_size to count the batches training consumed: "
-            f"StatefulSampler(..., batch_size={hint})"
-        )
-    if loader_batch is not None and loader_batch != sampler.batch_size:
-        raise SamplerSetupError(
-            f"train dataloader {index}: DataLoader batch_size={loader_batch} contradicts "
-            f"StatefulSampler batch_size={sampler.batch_size}; pass the same value to both"
+            f"StatefulSampler(..., batch_size={hint})",
+            loader_batch_size=loader_batch,
+            order_batch_size=None,
         )

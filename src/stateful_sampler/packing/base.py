@@ -167,19 +167,6 @@ class RowSampler(StatefulSampler):
         """Rows (or batches) of an epoch over all ranks, before padding."""
         return self.strategy.rows(self.epoch if epoch is None else check_int("epoch", epoch, maximum=MAX_EPOCH)).count()
 
-    def _pass_rows(self, epoch: Any, row: Any, name: str, unit: str) -> PassRows:
-        """Epoch ``epoch``'s rows, once ``epoch`` and ``row`` (the argument ``name``) are checked to be one of
-        them: a row lookup never answers for a row the epoch does not have."""
-        epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
-        if isinstance(row, bool) or not isinstance(row, Integral):
-            raise TypeError(f"{name} must be an int, got {type(row).__name__} {row!r}")
-        rows = self.strategy.rows(epoch)
-        if not rows.has_row(int(row)):
-            raise IndexError(
-                f"{name} must lie in [0, {rows.count()}), the {unit} of epoch {epoch} over all ranks, got {row}"
-            )
-        return rows
-
     def extra_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """The anchor of the row the saved position reads next (``packing``), taken off again by ``load_state_dict``."""
         return {"packing": self._anchor(state)}
@@ -277,13 +264,30 @@ class RowSampler(StatefulSampler):
             return epoch, offset % length
         return epoch + offset // length, offset % length
 
-    def _strategy_settings(self) -> dict[str, Any]:
-        """The packed strategy's settings: none for the default uniform shuffle (its states are as before)."""
-        drawn = self.strategy.drawn
-        return {} if drawn is None else dict(zip(("strategy", "strategy_fingerprint"), strategy_setting(drawn)))
-
     def _check_word(self) -> str:
         return f"{self.strategy.fingerprint()}|{self.seed}|{self.size}"
+
+
+def checked_rows(order: RowOrder, epoch: Any, row: Any, *, name: str, unit: str) -> PassRows:
+    """Epoch ``epoch``'s rows of ``order``, once ``epoch`` and ``row`` (the argument ``name``) are checked to be one
+    of them: a row sampler's lookup (``PackedRows.plan``, ``TokenBudgetBatches.batch``) never answers for a row the
+    epoch does not have."""
+    epoch = check_int("epoch", epoch, maximum=MAX_EPOCH)
+    if isinstance(row, bool) or not isinstance(row, Integral):
+        raise TypeError(f"{name} must be an int, got {type(row).__name__} {row!r}")
+    rows = order.rows(epoch)
+    if not rows.has_row(int(row)):
+        raise IndexError(
+            f"{name} must lie in [0, {rows.count()}), the {unit} of epoch {epoch} over all ranks, got {row}"
+        )
+    return rows
+
+
+def strategy_settings(order: RowOrder) -> dict[str, Any]:
+    """The packed strategy's settings, for a row sampler's ``_settings``: none for the default uniform shuffle
+    (its states are as before)."""
+    drawn = order.drawn
+    return {} if drawn is None else dict(zip(("strategy", "strategy_fingerprint"), strategy_setting(drawn)))
 
 
 def _check(word: str, anchor: Mapping[str, Any]) -> str:

@@ -13,7 +13,14 @@ from typing import Any
 
 from stateful_sampler.checks import check_bool
 from stateful_sampler.keys import SampleKey
-from stateful_sampler.packing.base import DEFAULT_WINDOW, KeyedList, RowSampler, row_order
+from stateful_sampler.packing.base import (
+    DEFAULT_WINDOW,
+    KeyedList,
+    RowSampler,
+    checked_rows,
+    row_order,
+    strategy_settings,
+)
 
 
 class Batch(KeyedList):
@@ -83,7 +90,7 @@ class TokenBudgetBatches(RowSampler):
             "padded": self.padded,
             "window": order.window,
             "lengths": order.digest[:16],
-            **self._strategy_settings(),
+            **strategy_settings(self.strategy),
         }
 
     def _item(self, key: SampleKey) -> Batch:
@@ -95,4 +102,4 @@ class TokenBudgetBatches(RowSampler):
     def batch(self, epoch: int, index: int) -> list[int]:
         """Batch ``index`` of ``epoch`` (over all ranks), without moving the cursor; ``IndexError`` for a batch
         the epoch does not have (``rows_in_epoch(epoch)`` batches)."""
-        return self._pass_rows(epoch, index, "index", "batches").batch(index)
+        return checked_rows(self.strategy, epoch, index, name="index", unit="batches").batch(index)

@@ -12,7 +12,14 @@ from typing import Any
 from stateful_sampler.checks import check_bool
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.rows import Slice
-from stateful_sampler.packing.base import DEFAULT_WINDOW, KeyedList, RowSampler, row_order
+from stateful_sampler.packing.base import (
+    DEFAULT_WINDOW,
+    KeyedList,
+    RowSampler,
+    checked_rows,
+    row_order,
+    strategy_settings,
+)
 
 
 class RowPlan(KeyedList):
@@ -88,7 +95,7 @@ class PackedRows(RowSampler):
             "window": order.window,
             "truncate": order.truncate,
             "lengths": order.digest[:16],
-            **self._strategy_settings(),
+            **strategy_settings(self.strategy),
         }
 
     def _item(self, key: SampleKey) -> RowPlan:
@@ -97,4 +104,4 @@ class PackedRows(RowSampler):
     def plan(self, epoch: int, row: int) -> list[Slice]:
         """Row ``row`` of ``epoch`` (over all ranks), without moving the cursor; ``IndexError`` for a row the
         epoch does not have (``rows_in_epoch(epoch)`` rows)."""
-        return self._pass_rows(epoch, row, "row", "rows").row(row)
+        return checked_rows(self.strategy, epoch, row, name="row", unit="rows").row(row)

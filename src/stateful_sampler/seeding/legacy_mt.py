@@ -13,6 +13,7 @@ on another interpreter, ``LegacyMT.seed`` takes NumPy's path: slower, never diff
 
 from __future__ import annotations
 
+# private: CPython's Mersenne Twister type, whose C state seeds NumPy's in one step
 import _random
 import ctypes
 import random
@@ -43,6 +44,7 @@ class LegacyMT:
             self._state[:_MT_WORDS] = words
             self._state[_MT_WORDS] = _MT_WORDS  # pos: the first draw twists, as after init_by_array
         else:
+            # private: NumPy's own seeding of MT19937 from a key, the slow path's reference
             self.bit_generator._legacy_seeding(np.array([key & _MASK32, key >> 32], dtype=np.uint32))
 
 
@@ -68,6 +70,7 @@ def _computer() -> tuple[random.Random, np.ndarray] | None:
     if words is None:
         return None
     reference, fast = np.random.MT19937(), np.random.MT19937()
+    # private: NumPy's own seeding, the reference the fast path is checked against
     reference._legacy_seeding(np.array([_PROBE_KEY & _MASK32, _PROBE_KEY >> 32], dtype=np.uint32))
     c_seed(generator, _PROBE_KEY)
     state = _state_view(fast)

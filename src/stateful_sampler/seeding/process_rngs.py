@@ -31,8 +31,10 @@ from stateful_sampler.seeding.generators import NUMPY_WORDS, TORCH_WORDS, torch_
 from stateful_sampler.seeding.legacy_mt import LegacyMT, c_seed
 
 GLOBAL_RNGS = ("random", "numpy", "torch")
-_python = random._inst  # type: ignore[attr-defined]  # the instance behind random.random, random.seed, ...
-_legacy = np.random.mtrand._rand  # the RandomState behind np.random.random, np.random.seed, ...
+# private: the instance behind random.random, random.seed, ...
+_python = random._inst  # type: ignore[attr-defined]
+# private: the RandomState behind np.random.random, np.random.seed, ...
+_legacy = np.random.mtrand._rand
 _spares: list[LegacyMT] = []  # the bit generator of each level of nested seeded loads
 _depth = 0
 
@@ -125,10 +127,12 @@ _GAUSSIAN_ONLY = _GaussianOnly()
 
 def _cached_gaussian() -> tuple[int, float]:
     """NumPy's legacy RandomState draws normals in pairs and keeps the second for the next call."""
+    # private: RandomState's bit generator, swapped for a moment to read or set only the cached normal
     real, _legacy._bit_generator = _legacy._bit_generator, _GAUSSIAN_ONLY  # type: ignore[assignment]
     try:
         state = _legacy.get_state(legacy=False)
     finally:
+        # private: the swap above, undone
         _legacy._bit_generator = real
     return state["has_gauss"], state["gauss"]
 
@@ -136,8 +140,10 @@ def _cached_gaussian() -> tuple[int, float]:
 def _restore_cached_gaussian(has_gauss: int, gauss: float) -> None:
     if not has_gauss:  # set_bit_generator left none
         return
+    # private: RandomState's bit generator, swapped for a moment to read or set only the cached normal
     real, _legacy._bit_generator = _legacy._bit_generator, _GAUSSIAN_ONLY  # type: ignore[assignment]
     try:
         _legacy.set_state({"bit_generator": "MT19937", "state": None, "has_gauss": has_gauss, "gauss": gauss})
     finally:
+        # private: the swap above, undone
         _legacy._bit_generator = real

@@ -35,11 +35,11 @@ from stateful_sampler.order.policies import Tail
 from stateful_sampler.order.shards import EpochWindows, ShardedShuffle
 from stateful_sampler.ranks import process_world_size, resolve_ranks
 from stateful_sampler.resharding import refuse_resharding
-from stateful_sampler.resumable import dataloaders_under
 from stateful_sampler.stream.gather import WindowGather, chunk_bounds, join_spans
 from stateful_sampler.stream.layout import StreamLayout
 from stateful_sampler.stream.readers import ShardReader
 from stateful_sampler.stream.state import Manifest, StreamState, shard_identities
+from stateful_sampler.wrappers import BatchSizeWords, adopt_batch_size, dataloaders_under
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,11 @@ class _Pass:
 
 
 _NOTHING = object()
+_BATCH_SIZE_WORDS = BatchSizeWords(
+    "DataLoader",
+    "ShardedStream",
+    ": a worker delivers whole batches of the stream's size; build the loader with stream.loader(...)",
+)
 
 
 class ShardedStream(IterableDataset):
@@ -324,11 +329,7 @@ class ShardedStream(IterableDataset):
                 f"found no DataLoader over this ShardedStream in {type(loader).__name__}: build it with "
                 f"stream.loader(...)"
             )
-        if found.batch_size != self.batch_size:
-            raise StreamSetupError(
-                f"DataLoader batch_size={found.batch_size} contradicts ShardedStream batch_size={self.batch_size}: "
-                f"a worker delivers whole batches of the stream's size; build the loader with stream.loader(...)"
-            )
+        adopt_batch_size(self, found.batch_size, words=_BATCH_SIZE_WORDS, unbatched=False)
         if found.drop_last:
             raise StreamSetupError(
                 "DataLoader drop_last=True would drop the pass's last, partial batch that the state counts as "

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from stateful_sampler.ranks import in_process_group, process_rank
 from stateful_sampler.resumable import ResumableOrder
 from stateful_sampler.verify.recorder import RECORD_ENV, Recorder, claim_recorder
 
@@ -82,6 +82,6 @@ def record_weights(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
         model = model.state_dict()
     if not isinstance(model, Mapping):
         raise TypeError(f"record_weights needs a torch.nn.Module or a state dict, got {type(model).__name__}")
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    rank = process_rank() if in_process_group() else int(os.environ.get("RANK", "0"))
     if rank == 0:
         Recorder.from_environment().weights(model)
