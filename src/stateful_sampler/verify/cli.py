@@ -268,8 +268,13 @@ def format_resize(report: ResizeReport) -> str:
     kills = ", ".join(map(str, report.kill_steps))
     steps = ", ".join(f"epoch {epoch}: {count}" for epoch, count in report.steps_per_rank)
     lines = [
-        f"killed after step{'s' if len(report.kill_steps) > 1 else ''} {kills} (the first at world size {before}, "
-        f"then at {after}); resumed at world size {after} from " + "; then from ".join(report.resumed_froms),
+        (
+            f"killed after step {kills} at world size {before}"
+            if len(report.kill_steps) == 1
+            else f"killed after steps {kills} (the first at world size {before}, the others at {after})"
+        )
+        + f"; resumed at world size {after} from "
+        + "; then from ".join(report.resumed_froms),
         f"exact (the layout kept): {report.exact_identical} of the killed run's {report.exact_compared} batches at "
         f"world size {before} identical to the uninterrupted run's"
         + (f"; {report.retrained} batches at world size {after} retrained after a kill" if report.retrained else ""),
@@ -283,8 +288,10 @@ def format_resize(report: ResizeReport) -> str:
             f"EQUAL ({report.rule} rule): resumed at world size {after}, every epoch trained on the uninterrupted "
             "run's records, each once, with the same steps on every rank"
         )
-    else:
-        lines.append(f"DIVERGED: first divergence at {report.first_divergence}")
+        return "\n".join(lines)
+    lines.append(f"DIVERGED: first divergence at {report.first_divergence}")
+    if report.resume_problem is not None and report.resume_problem != report.first_divergence:
+        lines.append(f"DIVERGED: at {report.resume_problem}")
     return "\n".join(lines)
 
 
@@ -305,4 +312,5 @@ def resize_json(report: ResizeReport) -> dict[str, Any]:
         "steps_per_rank": dict(report.steps_per_rank),
         "global_order": report.global_order,
         "first_divergence": report.first_divergence,
+        "resume_problem": report.resume_problem,
     }

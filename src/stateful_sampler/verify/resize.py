@@ -29,6 +29,7 @@ NO_KEYS = (
 _NAMED = 8  # records named in a message, at most
 
 Place = tuple[int, int]  # (epoch, records of the epoch consumed before it): the same at any world size
+_LAST = 1 << 30  # sorts a problem after the records' problems of its step
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class ResizeReport:
     steps_per_rank: tuple[tuple[int, int], ...]  # (epoch, steps of each rank) of the runs at world size B
     global_order: bool  # every epoch's records in the uninterrupted run's global order
     first_divergence: str | None
+    resume_problem: str | None  # the first resumed run that did not start at the last checkpoint
 
     @property
     def equal(self) -> bool:
@@ -98,23 +100,28 @@ def compare_resized(
         else:
             identical += 1
     starts = [layout.start(run, world) for run, world in zip(runs, worlds)]
+    # What each run leaves to the final weights: its steps before the last checkpoint it wrote (none
+    # if it wrote none: its successor loads the checkpoint it loaded itself); the last run, all.
+    saves = [layout.last_checkpoint(run, world) or start for run, world, start in zip(runs, worlds, starts)]
     kept: list[list[BatchRecord]] = []
     bases, base = [], 0
     for index, run in enumerate(runs):
-        until = starts[index + 1] if index + 1 < len(runs) else None
+        until = saves[index] if index + 1 < len(runs) else None
         keep = [record for record in run.batches if until is None or layout.place(record, worlds[index]) < until]
         kept.append(keep)
         bases.append(base)
         base += sum(1 for record in keep if record.rank == 0)
-    chain = [_chained(keep, start) for keep, start in zip(kept, bases)]
+    chain = [_chained(keep, start, world) for keep, start, world in zip(kept, bases, worlds)]
     resumed_froms = []
+    resume_problem = None
     saved: Place | None = None
     for index in range(1, len(runs)):
         saved = layout.last_checkpoint(runs[index - 1], worlds[index - 1]) or saved
         resumed_froms.append(layout.describe(starts[index], bases[index], worlds[index]))
-        problem = _start_problem(layout, saved, starts[index], worlds, index, kill_steps, not_resumed)
+        problem = _start_problem(saved, starts[index], bases[index], worlds, index, kill_steps, not_resumed)
         if problem is not None:
-            problems.append(((bases[index], -1), problem))
+            problems.append(((bases[index], _LAST), problem))
+            resume_problem = resume_problem or problem
     retrained = _retrained(runs[1:], problems, chain[1:])
     steps_per_rank = _equal_steps(kept, chain, worlds, problems)
     global_order = _data_rules(reference, chain, layout, problems)
@@ -130,6 +137,7 @@ def compare_resized(
         steps_per_rank=steps_per_rank,
         global_order=global_order,
         first_divergence=min(problems)[1] if problems else None,
+        resume_problem=resume_problem,
     )
 
 
@@ -169,36 +177,39 @@ class _Layout:
 class _Chained:
     step: int  # steps the resumed training had done before this batch, kills and resumes included
     record: BatchRecord
+    world: int
 
 
-def _chained(records: list[BatchRecord], base: int) -> list[_Chained]:
+def _chained(records: list[BatchRecord], base: int, world: int) -> list[_Chained]:
     done: Counter[int] = Counter()
     chained = []
     for record in records:
-        chained.append(_Chained(base + done[record.rank], record))
+        chained.append(_Chained(base + done[record.rank], record, world))
         done[record.rank] += 1
     return chained
 
 
 def _start_problem(
-    layout: _Layout,
     saved: Place | None,
     start: Place | None,
+    step: int,
     worlds: list[int],
     index: int,
     kill_steps: list[int],
     not_resumed: str,
 ) -> str | None:
-    killed_after = f"the run killed after step {kill_steps[index - 1]}"
+    where = (
+        f"step {step}, where the run killed after step {kill_steps[index - 1]} resumes at world size {worlds[index]}"
+    )
     if saved is None:
-        return f"{killed_after} wrote no checkpoint before: kill later or checkpoint more often"
+        return f"{where}: no run wrote a checkpoint before: kill later or checkpoint more often"
     if start is None:
-        return f"the run resumed after {killed_after[4:]} trained on no batch"
+        return f"{where}: the resumed run trained on no batch"
     if start == saved:
         return None
     return (
-        f"the run resumed at world size {worlds[index]} after {killed_after[4:]} started at epoch {start[0]}, "
-        f"record {start[1]}, not at the last checkpoint (epoch {saved[0]}, record {saved[1]}): {not_resumed}"
+        f"{where}: the resumed run started at epoch {start[0]}, record {start[1]}, not at the last checkpoint "
+        f"(epoch {saved[0]}, record {saved[1]}): {not_resumed}"
     )
 
 
@@ -275,7 +286,7 @@ def _data_rules(
             epoch_seen[index] += 1
             first_seen.setdefault((record.epoch, index), each.step)
         last_step[record.epoch] = each.step
-        at = f"step {each.step} (epoch {record.epoch}, batch {record.batch_idx}), rank {record.rank}"
+        at = f"step {each.step} (epoch {record.epoch}, batch {record.batch_idx} at world size {each.world}), rank {record.rank}"
         if twice:
             before = sorted({first_seen[(record.epoch, index)] for index in twice})
             problems.append(
@@ -283,7 +294,7 @@ def _data_rules(
                     (each.step, record.rank),
                     (
                         f"{at}: records {_names(twice)} trained on a second time in "
-                        f"epoch {record.epoch} (first at step {_names(before)})"
+                        f"epoch {record.epoch} (first at step {', '.join(map(str, before))})"
                     ),
                 )
             )
