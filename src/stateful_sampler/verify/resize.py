@@ -76,8 +76,8 @@ def compare_resized(
     not_resumed: str = NOT_RESUMED,
 ) -> ResizeReport:
     """``runs``: the killed run at world size A, then each resumed run at B (the last one to the end).
-    A run's batches at and after the place its successor resumed from are superseded (the final
-    weights never trained on them); the rest, in order, must meet the elastic rules."""
+    A run's batches at and after the last checkpoint it wrote are superseded (the final weights never
+    trained on them); the rest, in order, must meet the elastic rules."""
     batch = batch_size_of(reference)
     worlds = [sizes[0]] + [sizes[1]] * (len(runs) - 1)
     epoch_records = Counter(record.epoch for record in reference.batches for _ in record.indices or ())
@@ -92,7 +92,7 @@ def compare_resized(
             problems.append(
                 (
                     (record.step, record.rank),
-                    (f"{where(record)}: the killed run has a batch the uninterrupted run never had"),
+                    f"{where(record)}: the killed run has a batch the uninterrupted run never had",
                 )
             )
         elif (want.fingerprint, want.indices) != (record.fingerprint, record.indices):
