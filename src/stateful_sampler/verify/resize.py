@@ -77,7 +77,18 @@ def compare_resized(
 ) -> ResizeReport:
     """``runs``: the killed run at world size A, then each resumed run at B (the last one to the end).
     A run's batches at and after the last checkpoint it wrote are superseded (the final weights never
-    trained on them); the rest, in order, must meet the elastic rules."""
+    trained on them); the rest, in order, must meet the elastic rules.
+
+    Example:
+        >>> from stateful_sampler.verify.recorder import BatchRecord, RunRecord
+        >>> def batch(rank, place, records, step):  # one record a rank per step
+        ...     return BatchRecord(rank, 0, place, step, f"f{records}", records)
+        >>> at_two = [batch(0, 0, [0], 0), batch(0, 1, [2], 1), batch(1, 0, [1], 0), batch(1, 1, [3], 1)]
+        >>> reference = killed = RunRecord(at_two, [1], None)  # killed after step 1, its checkpoint
+        >>> resumed = RunRecord([batch(0, 2, [2], 0), batch(0, 3, [3], 1)], [], None)  # 1 rank, from record 2
+        >>> compare_resized(reference, [killed, resumed], (2, 1), [1]).rule
+        'global order'
+    """
     batch = batch_size_of(reference)
     worlds = [sizes[0]] + [sizes[1]] * (len(runs) - 1)
     epoch_records = Counter(record.epoch for record in reference.batches for _ in record.indices or ())

@@ -73,7 +73,13 @@ def check_resize(
     """Compare an uninterrupted run of ``command`` at world size A (``{devices}`` becomes A) with one
     killed at A and resumed at B, the ``sizes`` (A, B); with ``kills`` above 1, every later kill and
     resume is at B too. The elastic rules decide (``verify.resize``): per epoch the same records,
-    each once, every rank the same steps; exact batches where the layout is kept."""
+    each once, every rank the same steps; exact batches where the layout is kept.
+
+    Example:
+        >>> torchrun = ["torchrun", "--standalone", "--nproc-per-node", "{devices}"]
+        >>> check_resize([*torchrun, "train.py", "--root", "{run_dir}"], (4, 2)).rule  # doctest: +SKIP
+        'global order'
+    """
     timeout = check_timeout(timeout)
     if not isinstance(sizes, tuple) or len(sizes) != 2:
         raise TypeError(f"sizes (--resize) must be a pair of world sizes (A, B), got {sizes!r}")
