@@ -46,6 +46,15 @@ def test_a_resume_at_another_world_size_from_the_checkpoint_holds_the_global_ord
     )
 
 
+def test_a_resume_at_a_larger_world_size_holds_the_global_order_too() -> None:
+    reference = _run(2, 0, 4, checkpoints=(2,))  # 4 steps at world size 2
+    killed = _run(2, 0, 3, checkpoints=(2,))  # killed after step 3; its checkpoint at step 2 is record 8
+    report = compare_resized(reference, [killed, _run(4, 1, 2)], (2, 4), [3])
+    assert report.equal and report.rule == "global order"
+    assert report.resumed_froms == ("step 2 (epoch 0, record 8 of 16, world size 4)",)
+    assert report.steps_per_rank == ((0, 1),)
+
+
 def test_the_same_records_in_another_order_hold_the_multiset_rule_only() -> None:
     resumed = _run(2, 2, 4)
     swapped = [*resumed.batches[2:], *resumed.batches[:2]]  # rank 1's steps recorded as rank 0's
