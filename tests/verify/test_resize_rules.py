@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from stateful_sampler.verify.cli import EXIT_RUN_FAILED, format_resize, main
+from stateful_sampler.verify.cli import EXIT_RUN_FAILED, format_resize, main, resize_json
 from stateful_sampler.verify.errors import TrainingRunError
 from stateful_sampler.verify.recorder import BatchRecord, RunRecord
 from stateful_sampler.verify.resize import NO_KEYS, compare_resized
@@ -40,6 +40,12 @@ def test_a_resume_at_another_world_size_from_the_checkpoint_holds_the_global_ord
     assert (report.exact_compared, report.exact_identical, report.records) == (8, 8, 16)
     assert report.steps_per_rank == ((0, 2),)
     assert report.resumed_froms == ("step 1 (epoch 0, record 8 of 16, world size 2)",)
+    assert resize_json(report) == {
+        "verdict": "equal", "exit_code": 0, "rule": "global order", "sizes": [4, 2], "kill_steps": [1],
+        "resumed_froms": ["step 1 (epoch 0, record 8 of 16, world size 2)"], "exact_compared": 8,
+        "exact_identical": 8, "retrained": 0, "records": 16, "epochs": 1, "steps_per_rank": {0: 2},
+        "global_order": True, "first_divergence": None, "resume_problem": None,
+    }  # fmt: skip
     assert format_resize(report).splitlines()[-1] == (
         "EQUAL (global order rule): resumed at world size 2, every epoch trained on the uninterrupted run's "
         "records, each once, with the same steps on every rank"

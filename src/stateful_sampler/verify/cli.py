@@ -9,6 +9,8 @@ no logger and no progress bar, writes its checkpoints into the work directory an
 ``ckpt_path="last"``; it needs a ``ModelCheckpoint(every_n_train_steps=N, save_last=True)``. A command
 (after ``--``) is run again to resume: it checkpoints into {run_dir}, feeds training through a
 ``ResumableLoader`` and calls ``stateful_sampler.verify.record_weights(model)`` at the end.
+``--resize A:B`` runs the command at world size A (``{devices}``) and resumes it at B, where the
+elastic rules decide (``verify.resize``): per epoch the same records, each once, equal steps per rank.
 
 Exit codes: 0 equal, 1 diverged, 2 could not run (the reason on stderr; a failed run's work
 directory is kept for its logs). Progress goes to stderr, the report to stdout (``--json``: one
