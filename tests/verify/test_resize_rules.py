@@ -4,7 +4,9 @@ refuses a resize it cannot run, naming the flag."""
 
 from __future__ import annotations
 
+import re
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -107,9 +109,24 @@ def test_a_killed_batch_at_the_kept_world_size_must_be_the_uninterrupted_runs() 
     )
 
 
+def test_batches_without_keys_are_compared_by_their_rows_fingerprints() -> None:
+    def by_rows(run: RunRecord) -> RunRecord:
+        batches = [replace(b, indices=None, rows=[f"row{index}" for index in b.indices or ()]) for b in run.batches]
+        return replace(run, batches=batches)
+
+    killed = by_rows(_run(4, 0, 2, checkpoints=(1,)))
+    report = compare_resized(by_rows(REFERENCE), [killed, by_rows(_run(2, 2, 4))], (4, 2), [1])
+    assert report.equal and report.rule == "global order"
+    again = compare_resized(by_rows(REFERENCE), [killed, by_rows(_run(2, 0, 4))], (4, 2), [1])
+    assert again.first_divergence == (
+        "step 1 (epoch 0, batch 0 at world size 2), rank 0: records [row0, row2] trained on a second time in "
+        "epoch 0 (first at step 0)"
+    )
+
+
 def test_batches_without_keys_cannot_be_compared() -> None:
     plain = RunRecord([BatchRecord(0, 0, 0, 0, "f", None)], [], None)
-    with pytest.raises(TrainingRunError, match="^" + NO_KEYS.replace("(", r"\(").replace(")", r"\)") + "$"):
+    with pytest.raises(TrainingRunError, match=f"^{re.escape(NO_KEYS)}$"):
         compare_resized(plain, [plain, plain], (2, 1), [1])
 
 

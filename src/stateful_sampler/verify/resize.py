@@ -9,8 +9,9 @@ rule is tested and reported, not required: the global order (each step's records
 position, rank by rank) is the uninterrupted run's, which the sampler's layout (rank r takes
 positions r, r+W, ...) keeps at any world size.
 
-A record is named by its dataset index, so the batches must carry a collated ``SampleKey``
-(``StatefulSampler(yield_keys=True)`` over a ``KeyedDataset``).
+A record is named by its dataset index when the batches carry a collated ``SampleKey``
+(``StatefulSampler(yield_keys=True)`` over a ``KeyedDataset``), else by the fingerprint of its row
+of the batch's tensors.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from stateful_sampler.verify.errors import TrainingRunError
 from stateful_sampler.verify.recorder import BatchRecord, RunRecord
 
 NO_KEYS = (
-    "--resize compares the records of each epoch, and the batches name none: let the sampler yield keys, "
-    "StatefulSampler(dataset, yield_keys=True) over KeyedDataset(dataset), so each batch carries a SampleKey"
+    "--resize compares the records of each epoch, and the batches name none (no SampleKey, and no tensors "
+    "sharing a first dimension): let the sampler yield keys, StatefulSampler(dataset, yield_keys=True) over "
+    "KeyedDataset(dataset), so each batch carries a SampleKey"
 )
 _NAMED = 8  # records named in a message, at most
 
+Record = int | str  # a dataset index, or the fingerprint of a record of a batch that carries none
 Place = tuple[int, int]  # (epoch, records of the epoch consumed before it): the same at any world size
 _LAST = 1 << 30  # sorts a problem after the records' problems of its step
 
@@ -59,9 +62,14 @@ class ResizeReport:
         return "global order" if self.equal and self.global_order else "multiset"
 
 
+def records_of(record: BatchRecord) -> list[Record]:
+    """The records of a batch: its dataset indices, else each record's fingerprint."""
+    return list(record.indices if record.indices is not None else record.rows or [])
+
+
 def batch_size_of(reference: RunRecord) -> int:
     """Records a rank takes per step: the largest batch of the uninterrupted run."""
-    sizes = [len(record.indices) for record in reference.batches if record.indices is not None]
+    sizes = [len(records_of(record)) for record in reference.batches if records_of(record)]
     if not reference.batches or len(sizes) < len(reference.batches):
         raise TrainingRunError(NO_KEYS)
     return max(sizes)
@@ -91,7 +99,7 @@ def compare_resized(
     """
     batch = batch_size_of(reference)
     worlds = [sizes[0]] + [sizes[1]] * (len(runs) - 1)
-    epoch_records = Counter(record.epoch for record in reference.batches for _ in record.indices or ())
+    epoch_records = Counter(record.epoch for record in reference.batches for _ in records_of(record))
     layout = _Layout(batch, epoch_records)
     problems: list[tuple[tuple[int, int], str]] = []
     expected = {record.key: record for record in reference.batches}
@@ -281,16 +289,16 @@ def _data_rules(
     """Per epoch, the records trained on (killed run's kept steps, then the resumed runs') against the
     uninterrupted run's: each once, none lost, none foreign; returns whether the global order held."""
     ordered = sorted((each for chained in chain for each in chained), key=lambda each: (each.step, each.record.rank))
-    want = {epoch: Counter[int]() for epoch in layout.epoch_records}
+    want = {epoch: Counter[Record]() for epoch in layout.epoch_records}
     for record in reference.batches:
-        want[record.epoch].update(record.indices or ())
-    seen = {epoch: Counter[int]() for epoch in want}
-    first_seen: dict[tuple[int, int], int] = {}
+        want[record.epoch].update(records_of(record))
+    seen = {epoch: Counter[Record]() for epoch in want}
+    first_seen: dict[tuple[int, Record], int] = {}
     last_step: dict[int, int] = {}
     for each in ordered:
         record = each.record
         epoch_want, epoch_seen = want.get(record.epoch, Counter()), seen.setdefault(record.epoch, Counter())
-        indices = record.indices or []
+        indices = records_of(record)
         foreign = [index for index in indices if epoch_want[index] == 0]
         twice = [index for index in indices if 0 < epoch_want[index] <= epoch_seen[index]]
         for index in indices:
@@ -336,19 +344,19 @@ def _data_rules(
     )
 
 
-def _global_order(steps: list[tuple[int, BatchRecord]]) -> list[int]:
+def _global_order(steps: list[tuple[int, BatchRecord]]) -> list[Record]:
     """One epoch's records as one sequence: step by step, each step position by position, rank by
     rank (rank r's j-th record of a step sits at the step's global position j·W + r)."""
-    by_step: dict[int, dict[int, list[int]]] = {}
+    by_step: dict[int, dict[int, list[Record]]] = {}
     for step, record in steps:
-        by_step.setdefault(step, {})[record.rank] = record.indices or []
-    sequence: list[int] = []
+        by_step.setdefault(step, {})[record.rank] = records_of(record)
+    sequence: list[Record] = []
     for _, ranks in sorted(by_step.items()):
         for position in range(max(len(indices) for indices in ranks.values())):
             sequence.extend(ranks[rank][position] for rank in sorted(ranks) if position < len(ranks[rank]))
     return sequence
 
 
-def _names(values: list[int]) -> str:
+def _names(values: list[Record]) -> str:
     shown = ", ".join(map(str, values[:_NAMED]))
     return f"[{shown}, ... {len(values)} in all]" if len(values) > _NAMED else f"[{shown}]"
