@@ -9,6 +9,8 @@ no logger and no progress bar, writes its checkpoints into the work directory an
 ``ckpt_path="last"``; it needs a ``ModelCheckpoint(every_n_train_steps=N, save_last=True)``. A command
 (after ``--``) is run again to resume: it checkpoints into {run_dir}, feeds training through a
 ``ResumableLoader`` and calls ``stateful_sampler.verify.record_weights(model)`` at the end.
+``--resize A:B`` runs the command at world size A (``{devices}``) and resumes it at B, where the
+elastic rules decide (``verify.resize``): per epoch the same records, each once, equal steps per rank.
 
 Exit codes: 0 equal, 1 diverged, 2 could not run (the reason on stderr; a failed run's work
 directory is kept for its logs). Progress goes to stderr, the report to stdout (``--json``: one
@@ -30,7 +32,8 @@ from typing import Any
 
 from stateful_sampler.verify.compare import ResumeReport
 from stateful_sampler.verify.errors import TrainingRunError
-from stateful_sampler.verify.resume_check import DEFAULT_TIMEOUT, check_resume, check_timeout
+from stateful_sampler.verify.resize import ResizeReport
+from stateful_sampler.verify.resume_check import DEFAULT_TIMEOUT, check_resize, check_resume, check_timeout
 
 EXIT_EQUAL, EXIT_DIVERGED, EXIT_RUN_FAILED = 0, 1, 2
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -46,12 +49,17 @@ examples:
   stateful-sampler verify --kill-at 25 -- python train.py --root {run_dir}
   stateful-sampler verify --kills 3 -- python train.py --root {run_dir}
   stateful-sampler verify --devices 2 -- torchrun --nproc-per-node {devices} train.py --root {run_dir}
+  stateful-sampler verify --resize 4:2 -- torchrun --nproc-per-node {devices} train.py --root {run_dir}
 
 --config: a LightningCLI config with ModelCheckpoint(every_n_train_steps=N, save_last=True);
   resumed with ckpt_path="last", with your int seed_everything (else 0).
 -- COMMAND: run again to resume. It checkpoints into {run_dir} (a directory of each run's
   own) and resumes from there, feeds its batches through a ResumableLoader (or Lightning with
   SamplerCheckpoint) and calls stateful_sampler.verify.record_weights(model) after training.
+
+--resize A:B: the uninterrupted and the killed run at world size A, every resumed run at B
+  ({devices} in the command); equal means per epoch the same records, each once, every rank the
+  same steps, and the batches of the killed run identical (docs/verify.md).
 
 exit codes: 0 equal, 1 diverged, 2 could not run (the reason on stderr; a failed run's work
 directory is kept for its logs). Progress goes to stderr, the report to stdout."""
@@ -70,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="stateful-sampler verify",
         usage="%(prog)s (--config CONFIG | -- COMMAND ...) [--kill-at STEP] [--devices N] [--timeout S] "
-        "[--kills N] [--kill-seed S] [--work-dir D] [--json]",
+        "[--kills N] [--kill-seed S] [--resize A:B] [--work-dir D] [--json]",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -93,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         "--devices", type=int, metavar="N", help="override trainer.devices (e.g. 2 for CPU DDP), or fill {devices}"
     )
     parser.add_argument(
+        "--resize",
+        type=_sizes,
+        metavar="A:B",
+        help="run and kill at world size A, resume at B: {devices} in the command becomes each",
+    )
+    parser.add_argument(
         "--timeout",
         type=_seconds,
         default=DEFAULT_TIMEOUT,
@@ -106,8 +120,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give either --config CONFIG or -- COMMAND ..., not both or neither")
     if command == []:
         parser.error("no command after --")
+    if args.resize is not None and command is None:
+        parser.error("--resize resumes a command at another world size: give -- COMMAND with {devices} in it")
+    if args.resize is not None and args.devices is not None:
+        parser.error("--resize A:B sets the world sizes: drop --devices")
     try:
         with _stop_signals_exit():
+            if args.resize is not None:
+                resized = check_resize(
+                    command or [],
+                    args.resize,
+                    kill_at=args.kill_at,
+                    kills=args.kills,
+                    kill_seed=args.kill_seed,
+                    timeout=args.timeout,
+                    work_dir=args.work_dir,
+                    progress=lambda message: print(message, file=sys.stderr, flush=True),
+                )
+                print(json.dumps(resize_json(resized)) if args.json else format_resize(resized), flush=True)
+                return EXIT_EQUAL if resized.equal else EXIT_DIVERGED
             report = check_resume(
                 args.config if command is None else command,
                 kill_at=args.kill_at,
@@ -141,6 +172,13 @@ def _missing(error: ImportError) -> str:
     extra = _EXTRAS.get(top)
     install = f"pip install 'stateful-sampler[{extra}]'" if extra else f"install the package that provides {top!r}"
     return f"a module verify needs is not installed ({error}): {install}"
+
+
+def _sizes(text: str) -> tuple[int, int]:
+    first, colon, second = text.partition(":")
+    if colon and first.isdigit() and second.isdigit() and int(first) > 0 and int(second) > 0:
+        return int(first), int(second)
+    raise argparse.ArgumentTypeError(f"expected two world sizes above 0 as A:B, e.g. 4:2, got {text!r}")
 
 
 def _seconds(text: str) -> float:
@@ -223,4 +261,58 @@ def report_json(report: ResumeReport) -> dict[str, Any]:
         "weights_cause": report.weights_cause,
         "reference_weights": report.reference_weights,
         "resumed_weights": report.resumed_weights,
+    }
+
+
+def format_resize(report: ResizeReport) -> str:
+    """The resize report: where each run was killed and resumed, and each rule, held or not."""
+    before, after = report.sizes
+    kills = ", ".join(map(str, report.kill_steps))
+    steps = ", ".join(f"epoch {epoch}: {count}" for epoch, count in report.steps_per_rank)
+    lines = [
+        (
+            f"killed after step {kills} at world size {before}"
+            if len(report.kill_steps) == 1
+            else f"killed after steps {kills} (the first at world size {before}, the others at {after})"
+        )
+        + f"; resumed at world size {after} from "
+        + "; then from ".join(report.resumed_froms),
+        f"exact (the layout kept): {report.exact_identical} of the killed run's {report.exact_compared} batches at "
+        f"world size {before} identical to the uninterrupted run's"
+        + (f"; {report.retrained} batches at world size {after} retrained after a kill" if report.retrained else ""),
+        f"records: {report.records} over {report.epochs} epoch(s); steps of each rank at world size {after}: {steps}",
+        "global order: "
+        + ("held: the epochs' records in the uninterrupted run's order" if report.global_order else "not held"),
+        "final weights: not compared (at another world size each step averages other records)",
+    ]
+    if report.equal:
+        lines.append(
+            f"EQUAL ({report.rule} rule): resumed at world size {after}, every epoch trained on the uninterrupted "
+            "run's records, each once, with the same steps on every rank"
+        )
+        return "\n".join(lines)
+    lines.append(f"DIVERGED: first divergence at {report.first_divergence}")
+    if report.resume_problem is not None and report.resume_problem != report.first_divergence:
+        lines.append(f"DIVERGED: at {report.resume_problem}")
+    return "\n".join(lines)
+
+
+def resize_json(report: ResizeReport) -> dict[str, Any]:
+    """The resize report as plain values, for ``--json``."""
+    return {
+        "verdict": "equal" if report.equal else "diverged",
+        "exit_code": EXIT_EQUAL if report.equal else EXIT_DIVERGED,
+        "rule": report.rule if report.equal else None,
+        "sizes": list(report.sizes),
+        "kill_steps": list(report.kill_steps),
+        "resumed_froms": list(report.resumed_froms),
+        "exact_compared": report.exact_compared,
+        "exact_identical": report.exact_identical,
+        "retrained": report.retrained,
+        "records": report.records,
+        "epochs": report.epochs,
+        "steps_per_rank": dict(report.steps_per_rank),
+        "global_order": report.global_order,
+        "first_divergence": report.first_divergence,
+        "resume_problem": report.resume_problem,
     }

@@ -71,15 +71,15 @@ def compare_runs(
             seen.add(record.key)
             want = expected.get(record.key)
             if want is None:
-                extra = f"{_where(record)}: the {run_name} run has a batch the uninterrupted run never had"
+                extra = f"{where(record)}: the {run_name} run has a batch the uninterrupted run never had"
                 differences.append((record.key, extra))
             elif (want.fingerprint, want.indices) != (record.fingerprint, record.indices):
                 matching.discard(record.key)
-                differences.append((record.key, _mismatch(run_name, want, record)))
+                differences.append((record.key, describe_mismatch(run_name, want, record)))
     for key in sorted(set(expected) - seen):
         matching.discard(key)
         differences.append(
-            (key, f"{_where(expected[key])}: neither the killed nor the resumed run trained on this batch")
+            (key, f"{where(expected[key])}: neither the killed nor the resumed run trained on this batch")
         )
     resumed_from = max(killed.checkpoint_steps, default=None)
     start_problem = start_problem_of(resumed, resumed_from, kill_at, not_resumed)
@@ -106,13 +106,13 @@ def compare_runs(
     )
 
 
-def _where(record: BatchRecord) -> str:
+def where(record: BatchRecord) -> str:
     return f"step {record.step} (epoch {record.epoch}, batch {record.batch_idx}), rank {record.rank}"
 
 
-def _mismatch(run_name: str, want: BatchRecord, got: BatchRecord) -> str:
+def describe_mismatch(run_name: str, want: BatchRecord, got: BatchRecord) -> str:
     lines = [
-        f"{_where(got)}: the {run_name} run trained on another batch than the uninterrupted run",
+        f"{where(got)}: the {run_name} run trained on another batch than the uninterrupted run",
         f"  expected fingerprint {want.fingerprint}, got {got.fingerprint}",
     ]
     if want.indices != got.indices:
@@ -157,7 +157,7 @@ def _weights_cause(expected: dict[tuple[int, int, int], BatchRecord], killed: Ru
     seeded = [name for name in _RNG_NAMES if name in reference_rng and reference_rng[name] == killed_rng.get(name)]
     if "torch" not in seeded:
         return (
-            f"the data resumed exactly, but the runs do not start alike: at {_where(first)} the killed run's torch "
+            f"the data resumed exactly, but the runs do not start alike: at {where(first)} the killed run's torch "
             f"RNG state is not the uninterrupted run's, before any resume: seed the training (torch.manual_seed, "
             f"Lightning's seed_everything) before the model is built"
         )
@@ -167,7 +167,7 @@ def _weights_cause(expected: dict[tuple[int, int, int], BatchRecord], killed: Ru
         if differ:
             return (
                 f"the data resumed exactly; the model's randomness (dropout, ...) was not restored: from "
-                f"{_where(record)} the resumed run's RNG state ({', '.join(differ)}) is not the uninterrupted "
+                f"{where(record)} the resumed run's RNG state ({', '.join(differ)}) is not the uninterrupted "
                 f"run's. Fix: {RNG_FIX}"
             )
     return (

@@ -42,6 +42,40 @@ def _feed(digest: Any, value: Any) -> None:
         digest.update(f"value {value!r};".encode())
 
 
+def batch_rows(batch: Any) -> list[str] | None:
+    """A hex digest of each record of a collated batch (row ``i`` of every tensor in it, in structure
+    order), which names a record when the batch carries no ``SampleKey``; ``None`` when the batch's
+    tensors do not share their first dimension.
+
+    Example:
+        >>> rows = batch_rows((torch.tensor([[1.0], [2.0], [1.0]]), torch.tensor([0, 1, 0])))
+        >>> rows[0] == rows[2] != rows[1]
+        True
+    """
+    tensors: list[torch.Tensor] = []
+    _tensors(batch, tensors)
+    if not tensors or any(tensor.dim() == 0 or len(tensor) != len(tensors[0]) for tensor in tensors):
+        return None
+    rows = []
+    for row in range(len(tensors[0])):
+        digest = hashlib.blake2b(digest_size=8)
+        for tensor in tensors:
+            _feed(digest, tensor[row])
+        rows.append(digest.hexdigest())
+    return rows
+
+
+def _tensors(value: Any, found: list[torch.Tensor]) -> None:
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=repr):
+            _tensors(value[key], found)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _tensors(item, found)
+
+
 def batch_indices(batch: Any) -> list[int] | None:
     """The dataset indices of a batch when it carries them as a collated ``SampleKey``
     (``StatefulSampler(yield_keys=True)`` with ``KeyedDataset``); ``None`` otherwise."""

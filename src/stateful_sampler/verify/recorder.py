@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import torch
 
-from stateful_sampler.verify.fingerprint import batch_fingerprint, batch_indices, rng_fingerprints
+from stateful_sampler.verify.fingerprint import batch_fingerprint, batch_indices, batch_rows, rng_fingerprints
 
 RECORD_ENV = "STATEFUL_SAMPLER_RECORD"  # path prefix of the run's record files
 PAUSE_AT_ENV = "STATEFUL_SAMPLER_PAUSE_AT"  # step at whose next batch the run waits to be killed
@@ -47,6 +47,7 @@ class BatchRecord:
     fingerprint: str
     indices: list[int] | None
     rng: dict[str, str] | None = None  # fingerprint of each RNG of the process as the batch reached the loop
+    rows: list[str] | None = None  # fingerprint of each record, when the batch has no indices (--resize)
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -138,9 +139,9 @@ class Recorder:
             self.pause_at_place is not None and (epoch, batch_idx) >= self.pause_at_place
         ):
             self.wait_to_be_killed(rank, world_size)
-        record = BatchRecord(
-            rank, epoch, batch_idx, step, batch_fingerprint(batch), batch_indices(batch), rng_fingerprints()
-        )
+        indices = batch_indices(batch)
+        rows = batch_rows(batch) if indices is None else None
+        record = BatchRecord(rank, epoch, batch_idx, step, batch_fingerprint(batch), indices, rng_fingerprints(), rows)
         self._write(rank, {"kind": "batch", **asdict(record)})
 
     def checkpoint(self, *, rank: int, step: int) -> None:

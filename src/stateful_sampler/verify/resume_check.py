@@ -12,15 +12,18 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from stateful_sampler.checks import check_int
+from stateful_sampler.verify.command import DEVICES, CommandLaunch
 from stateful_sampler.verify.compare import ResumeReport, compare_runs, start_problem_of
 from stateful_sampler.verify.errors import TrainingRunError
 from stateful_sampler.verify.recorder import BatchRecord, RunRecord, read_run
+from stateful_sampler.verify.resize import ResizeReport, batch_size_of, compare_resized
 from stateful_sampler.verify.runner import Launch, RunEndedEarly, run_and_kill, run_training
 
 DEFAULT_TIMEOUT = 600.0
+T = TypeVar("T")
 
 
 def check_resume(
@@ -53,11 +56,66 @@ def check_resume(
         raise ValueError(f"kill_at (--kill-at) is for one kill; with kills (--kills) {kills} the steps are drawn")
     launch = _launch(run, devices, timeout, progress)
     plan = KillPlan(kill_at, kills, kill_seed)
+    return _in_work_dir(work_dir, progress, lambda directory: _check(launch, directory, plan, progress))
+
+
+def check_resize(
+    command: Sequence[str],
+    sizes: tuple[int, int],
+    *,
+    kill_at: int | None = None,
+    kills: int = 1,
+    kill_seed: int = 0,
+    timeout: float = DEFAULT_TIMEOUT,
+    work_dir: str | Path | None = None,
+    progress: Callable[[str], None] = lambda message: None,
+) -> ResizeReport:
+    """Compare an uninterrupted run of ``command`` at world size A (``{devices}`` becomes A) with one
+    killed at A and resumed at B, the ``sizes`` (A, B); with ``kills`` above 1, every later kill and
+    resume is at B too. The elastic rules decide (``verify.resize``): per epoch the same records,
+    each once, every rank the same steps; exact batches where the layout is kept.
+
+    Example:
+        >>> torchrun = ["torchrun", "--standalone", "--nproc-per-node", "{devices}"]
+        >>> check_resize([*torchrun, "train.py", "--root", "{run_dir}"], (4, 2)).rule  # doctest: +SKIP
+        'global order'
+    """
+    timeout = check_timeout(timeout)
+    if not isinstance(sizes, tuple) or len(sizes) != 2:
+        raise TypeError(f"sizes (--resize) must be a pair of world sizes (A, B), got {sizes!r}")
+    sizes = (
+        check_int("resize (--resize) A", sizes[0], minimum=1),
+        check_int("resize (--resize) B", sizes[1], minimum=1),
+    )
+    if kill_at is not None:
+        kill_at = check_int("kill_at", kill_at, minimum=1)
+    kills = check_int("kills (--kills)", kills, minimum=1)
+    kill_seed = check_int("kill_seed (--kill-seed)", kill_seed, minimum=0)
+    if kills > 1 and kill_at is not None:
+        raise ValueError(f"kill_at (--kill-at) is for one kill; with kills (--kills) {kills} the steps are drawn")
+    if not isinstance(command, (list, tuple)):
+        raise TypeError(
+            f"resize (--resize) resumes a command at another world size: give -- COMMAND with {DEVICES} where it "
+            f"takes its process count, not {type(command).__name__} {command!r}"
+        )
+    if not any(isinstance(argument, str) and DEVICES in argument for argument in command):
+        raise ValueError(
+            f"resize (--resize): the command has no {DEVICES} to put the world sizes {sizes[0]} and {sizes[1]} in; "
+            f"write it where the command takes its process count, e.g. torchrun --nproc-per-node {DEVICES} ..."
+        )
+    at_a = CommandLaunch.checked(command, sizes[0], timeout)
+    at_b = replace(at_a, devices=sizes[1])
+    plan = KillPlan(kill_at, kills, kill_seed)
+    return _in_work_dir(work_dir, progress, lambda directory: _check_resize(at_a, at_b, directory, plan, progress))
+
+
+def _in_work_dir(work_dir: str | Path | None, progress: Callable[[str], None], check: Callable[[Path], T]) -> T:
+    """Run ``check`` in ``work_dir``, by default a temporary directory, removed unless a log must outlive verify."""
     if work_dir is not None:
-        return _check(launch, _check_path("work_dir", work_dir), plan, progress)
+        return check(_check_path("work_dir", work_dir))
     temporary = Path(tempfile.mkdtemp(prefix="stateful-sampler-verify-"))
     try:
-        report = _check(launch, temporary, plan, progress)
+        report = check(temporary)
     except Exception:
         if any(temporary.rglob("*.log")):  # the error names a log: it must outlive verify
             progress(f"work directory kept, with the runs' logs: {temporary}")
@@ -74,8 +132,6 @@ def check_resume(
 def _launch(run: Any, devices: int | None, timeout: float, progress: Callable[[str], None]) -> Launch:
     """The runner for ``run``: each framework's is imported only when it is used."""
     if isinstance(run, (list, tuple)):
-        from stateful_sampler.verify.command import CommandLaunch
-
         return CommandLaunch.checked(run, devices, timeout)
     from stateful_sampler.verify.lightning_cli.launch import LightningCLILaunch
 
@@ -177,6 +233,41 @@ def _check_kills(
     froms = tuple(start for start in starts[1:] if start is not None)
     report = replace(report, kill_steps=tuple(kill_steps), resumed_froms=froms)
     return replace(report, first_divergence=problems[0]) if problems else report
+
+
+def _check_resize(
+    at_a: CommandLaunch, at_b: CommandLaunch, work_dir: Path, plan: KillPlan, progress: Callable[[str], None]
+) -> ResizeReport:
+    """Kill at world size A, resume at B (each later kill and resume at B too), to the end."""
+    reference_dir, crash_dir = _run_dirs(work_dir)
+    sizes = (at_a.devices or 1, at_b.devices or 1)
+    progress(f"work directory: {work_dir}")
+    progress(f"uninterrupted run at world size {sizes[0]} ...")
+    reference = run_training(at_a, reference_dir, "reference", progress=progress)
+    if not reference.batches:
+        raise TrainingRunError(f"the uninterrupted run recorded no batch: {at_a.no_batches}")
+    batch_size_of(reference)  # records are named by their keys: refused now if the batches carry none
+    steps, first_saved = _kill_range(reference, at_a.needs_checkpoint_records)
+    if plan.kills > 1:
+        kill_steps = draw_kill_steps(reference, steps, first_saved, plan.kills, plan.seed)
+        progress(f"{plan.kills} kills, at steps {', '.join(map(str, kill_steps))} (--kill-seed {plan.seed})")
+    elif plan.kill_at is None:
+        kill_steps = [default_kill_step(steps, first_saved)]
+    else:
+        kill_steps = [check_kill_step(steps, first_saved, plan.kill_at)]
+    names = ["killed"] if plan.kills == 1 else [f"killed{number}" for number in range(1, plan.kills + 1)]
+    progress(f"run killed with SIGKILL after step {kill_steps[0]} at world size {sizes[0]} ...")
+    runs = [run_and_kill(at_a, crash_dir, names[0], kill_steps[0], progress=progress)]
+    _check_fresh_start(at_a, reference, runs[0], "")
+    places = {record.step: (record.epoch, record.batch_idx) for record in reference.batches if record.rank == 0}
+    for name, step in zip(names[1:], kill_steps[1:]):
+        epoch, batch_idx = places[step]  # the same records consumed, in steps of world size B
+        place = (epoch, batch_idx * sizes[0] // sizes[1])
+        progress(f"run resumed at world size {sizes[1]}, killed with SIGKILL at epoch {epoch}, batch {place[1]} ...")
+        runs.append(run_and_kill(at_b, crash_dir, name, step, place=place, resume=True, progress=progress))
+    progress(f"run resumed at world size {sizes[1]} to the end ...")
+    runs.append(run_training(at_b, crash_dir, "resumed", resume=True, progress=progress))
+    return compare_resized(reference, runs, sizes, kill_steps, not_resumed=at_a.not_resumed)
 
 
 def _resume_point(reference: RunRecord, killed: RunRecord, kill_at: int) -> int:
