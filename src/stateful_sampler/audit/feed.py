@@ -3,7 +3,7 @@
 A ``DataLoader`` with a sampler and ``batch_size=B`` groups the sampler's indices, in order, into
 runs of B in the main process; with ``drop_last`` it discards a last run shorter than B. Workers
 only load the batches they are handed, so the batches do not depend on ``num_workers``
-(``tests/test_audit_pipeline.py`` checks this against real worker processes).
+(``tests/audit/test_audit_pipeline.py`` checks this against real worker processes).
 """
 
 from __future__ import annotations

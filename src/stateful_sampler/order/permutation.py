@@ -31,7 +31,7 @@ _U32 = np.uint64(32)
 
 def rounds_for(size: int) -> int:
     """Feistel rounds for a domain: tiny domains need more rounds before every record is
-    equally likely at every position (measured by the chi-square test in tests/test_permutation.py)."""
+    equally likely at every position (measured by the chi-square test in tests/order/test_permutation.py)."""
     return 12 if size <= 1024 else 6
 
 
