@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
+
+# private: torch exposes no public type for a DataLoader's iterator; the sampler tells its own (workers or not)
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
 from stateful_sampler.checks import check_bool, check_choice, check_int, check_optional_int
@@ -78,6 +80,7 @@ class _Pass:
         asks the sampler past its end before the loop has it); for any other driver, the pass's end."""
         iterator = self.driver() if self.driver is not None else None
         if self.snapshots and iterator is not None and hasattr(iterator, "_finished"):
+            # private: torchdata's StatefulDataLoader iterator says only through _finished that its pass ended
             return bool(iterator._finished)
         return self.finished
 
@@ -599,6 +602,7 @@ def _pass_driver(frame: Any) -> tuple[bool, bool, Any]:
         owner = frame.f_locals.get("self")
         if owner is not None:
             snapshots = snapshots or type(owner).__module__.startswith("torchdata.")
+            # private: the DataLoader iterator's types and worker count (torch has no public accessor)
             if isinstance(owner, _BaseDataLoaderIter):
                 workers = isinstance(owner, _MultiProcessingDataLoaderIter) or getattr(owner, "_num_workers", 0) > 0
                 return workers, snapshots, weakref.ref(owner)

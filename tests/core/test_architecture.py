@@ -33,17 +33,6 @@ PACKAGE = "stateful_sampler"
 # Documented public despite the underscore: sys._getframe, os._exit, namedtuple's _replace / _asdict / _fields / _make.
 DOCUMENTED_PUBLIC = frozenset({"_getframe", "_exit", "_replace", "_asdict", "_fields", "_make"})
 
-# owned by another change this session: the files this change was told not to touch; the lead clears the list once
-# those changes are in.
-OWNED_ELSEWHERE = frozenset(
-    {
-        ("stateful_sampler/sampler.py", "_BaseDataLoaderIter"),
-        ("stateful_sampler/sampler.py", "_MultiProcessingDataLoaderIter"),
-        ("stateful_sampler/sampler.py", "_finished"),
-        ("stateful_sampler/verify/lightning_cli/recorded_fit.py", "_every_n_train_steps"),
-    }
-)
-
 PACKING_OR_STREAM_NAME = re.compile(r"Packed|Stream|TokenBudget|RowSampler|Shard(?!ing)")
 HOMES = ("packing", "stream", "order")
 
@@ -194,13 +183,12 @@ def others_private_names(tree: ast.Module) -> Iterator[tuple[int, int, str]]:
 
 def unexplained_private_uses(relative: str, source: str) -> list[tuple[str, int, str]]:
     """(file, line, name) of each use of another module's underscore name in ``source`` that no ``# private: ``
-    comment on the line above or the statement's own lines explains, and that ``OWNED_ELSEWHERE`` does not list."""
+    comment on the line above or the statement's own lines explains."""
     lines = source.splitlines()
     return [
         (relative, first, name)
         for first, last, name in others_private_names(ast.parse(source))
         if not any("# private: " in line for line in lines[max(first - 2, 0) : last])
-        and (relative, name) not in OWNED_ELSEWHERE
     ]
 
 
@@ -211,16 +199,6 @@ def test_no_module_uses_another_s_underscore_names_without_saying_why() -> None:
         for use in unexplained_private_uses(path.relative_to(SRC).as_posix(), path.read_text())
     ]
     assert found == []
-
-
-def test_the_owned_elsewhere_list_holds_only_uses_still_there() -> None:
-    """An entry the other change made unnecessary is dropped, so the list only shrinks."""
-    used = {
-        (path.relative_to(SRC).as_posix(), name)
-        for path, tree in modules().values()
-        for _, _, name in others_private_names(tree)
-    }
-    assert OWNED_ELSEWHERE - used == set()
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "stateful_sampler"
-PRODUCTS = ("verify", "audit", "demo")
+PRODUCTS = ("verify", "audit", "demo", "certificate")
 # The products themselves, the command line that dispatches to them, and the pytest helper over verify.
 NOT_CORE = {PACKAGE / "cli.py", PACKAGE / "testing.py", *(PACKAGE / product for product in PRODUCTS)}
 

@@ -63,6 +63,7 @@ class RecordedFitCLI(LightningCLI):
     def before_fit(self) -> None:
         callbacks = self.trainer.callbacks  # type: ignore[attr-defined]  # set by Trainer.__init__
         checkpoints = [callback for callback in callbacks if isinstance(callback, ModelCheckpoint)]
+        # private: ModelCheckpoint keeps every_n_train_steps only as _every_n_train_steps
         if not any(callback._every_n_train_steps and callback.save_last for callback in checkpoints):
             raise ConfigError(
                 "trainer.callbacks: verify needs a step-based ModelCheckpoint that keeps last.ckpt, e.g. "
