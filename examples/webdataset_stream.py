@@ -248,7 +248,7 @@ def run(root: Path, endpoint: str) -> bool:
         raise RuntimeError("the uninterrupted run failed")
     equal = compare(root)
     stats = ShardCache(TarReader(), root / "cache", max_bytes=1).stats()
-    # Per shard, once for the node: TarReader's scan of its headers to count it, then its copy.
+    # Each shard once for the node: the cache counts a tar from its own copy, which the reads then use.
     print(f"fetched from S3:         {stats.bytes} bytes in {stats.transfers} transfers for {size} bytes of shards, "
           f"2 runs x {EPOCHS} epochs, 3 processes, 4 workers")  # fmt: skip
     return equal
