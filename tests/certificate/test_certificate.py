@@ -3,7 +3,6 @@ writer and fresh loaders, as a restarted process has), the merge of ranks, compa
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,27 +16,11 @@ from stateful_sampler import ResumableLoader, StatefulSampler
 from stateful_sampler.certificate import compare, read_run
 from stateful_sampler.certificate.cli import main as certificate_main
 from stateful_sampler.certificate.format import MAGIC, rank_path, read_rank_file, step_size
+from stateful_sampler.certificate.plugin import hooked
 from stateful_sampler.certificate.writer import CertificateWriter
 from stateful_sampler.errors import CertificateError
-from stateful_sampler.hooks import add_batch_hook, add_pass_start_hook, add_state_hook, add_state_loaded_hook
 
 SIZE, BATCH, EPOCHS, SEED = 24, 2, 2, 7
-
-
-def installed(writer: CertificateWriter) -> Callable[[], None]:
-    removers = [
-        add_state_loaded_hook(writer.state_loaded),
-        add_pass_start_hook(writer.pass_started),
-        add_batch_hook(writer.batch),
-        add_state_hook(writer.state_taken),
-    ]
-
-    def remove() -> None:
-        for remover in removers:
-            remover()
-        writer.close()
-
-    return remove
 
 
 def make_loader(world_size: int, rank: int, size: int = SIZE, batch: int = BATCH) -> ResumableLoader:
@@ -58,7 +41,7 @@ def run_process(
     that restores nothing), trains ``steps`` global steps (None: to the end of the run), and rank 0 takes the
     state after ``checkpoint_at`` of them (0: none). Returns that state and the global batches trained."""
     loaders = [make_loader(world_size, rank, size) for rank in range(world_size)]
-    removers = [installed(CertificateWriter(prefix, loader.sampler)) for loader in loaders]
+    removers = [hooked(CertificateWriter(prefix, loader.sampler)) for loader in loaders]
     taken = None
     trained: list[list[int]] = []
     try:
@@ -86,7 +69,7 @@ def run_process(
 def test_a_run_certifies_its_batches_and_grows_a_fixed_size_a_step(tmp_path: Path) -> None:
     prefix = tmp_path / "run"
     loader = make_loader(1, 0)
-    remove = installed(CertificateWriter(prefix, loader.sampler))
+    remove = hooked(CertificateWriter(prefix, loader.sampler))
     try:
         batches = iter(loader)
         first = next(batches).tolist()
@@ -156,7 +139,7 @@ def test_a_resize_is_equal_by_the_multiset_rule_and_names_the_layouts(tmp_path: 
 def test_a_reordered_epoch_at_the_same_layout_is_different(tmp_path: Path) -> None:
     plain, other = tmp_path / "plain", tmp_path / "other"
     run_process(plain, 1)
-    remove = installed(CertificateWriter(other))
+    remove = hooked(CertificateWriter(other))
     try:
         sampler = StatefulSampler(SIZE, seed=SEED)
         loader = ResumableLoader(DataLoader(range(SIZE), sampler=sampler, batch_size=BATCH), rng_states=False)

@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader
 
 from stateful_sampler import StatefulSampler
 from stateful_sampler.certificate import compare, read_run
+from stateful_sampler.certificate.plugin import hooked
 from stateful_sampler.certificate.writer import CertificateWriter
-from tests.certificate.test_certificate import installed
 
 pytest.importorskip("lightning")
 
@@ -24,7 +24,7 @@ def fabric_process(prefix: Path, checkpoint: Path, steps: int | None, save_at: i
 
     fabric = Fabric(accelerator="cpu", devices=1)
     loader = setup_dataloader(fabric, DataLoader(range(20), sampler=StatefulSampler(20, seed=5), batch_size=4))
-    remove = installed(CertificateWriter(prefix, loader.sampler))
+    remove = hooked(CertificateWriter(prefix, loader.sampler))
     trained: list[list[int]] = []
     try:
         if checkpoint.exists():

@@ -32,6 +32,13 @@ def writer_for(path: str | os.PathLike[str], order: StatefulSampler | None = Non
         return _writer
     _remove()
     _writer = writer = CertificateWriter(path, order)
+    _remove = hooked(writer)
+    return writer
+
+
+def hooked(writer: CertificateWriter) -> Callable[[], None]:
+    """Puts ``writer`` on the core's state-loaded, pass-start, batch and state hooks; the call returned takes it
+    off them again and closes its file."""
     removers = [
         add_state_loaded_hook(writer.state_loaded),
         add_pass_start_hook(writer.pass_started),
@@ -44,8 +51,7 @@ def writer_for(path: str | os.PathLike[str], order: StatefulSampler | None = Non
             remover()
         writer.close()
 
-    _remove = remove
-    return writer
+    return remove
 
 
 def _close_at_exit() -> None:
