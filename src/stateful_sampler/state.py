@@ -125,6 +125,11 @@ class SamplerState:
         longest = _longest_epoch(self, pass_length)
         if self.epoch_end > longest:
             raise IncompatibleStateError("epoch_end", self.epoch_end, f"at most {longest}", "beyond any epoch's end")
+        shortest = _shortest_epoch(self, pass_length)
+        if self.epoch_end < shortest:
+            raise IncompatibleStateError(
+                "epoch_end", self.epoch_end, f"at least {shortest}", "short of any epoch's end"
+            )
         if self.position > self.epoch_end:
             raise IncompatibleStateError(
                 "position", self.position, f"at most epoch_end = {self.epoch_end}", "beyond the end of the epoch"
@@ -152,6 +157,17 @@ def _longest_epoch(state: SamplerState, pass_length: int) -> int:
     if state.tail == Tail.PAD.value and pass_length:
         return pass_length + state.world_size - 1
     return pass_length
+
+
+def _shortest_epoch(state: SamplerState, pass_length: int) -> int:
+    """The shortest any layout of the saved epoch can be: pad and uneven deal every position of the pass,
+    drop leaves out fewer than W (the saving run's world size) from the origin it dealt; carry's end
+    depends on its carried records, so only its longest is checked."""
+    if state.tail in (Tail.PAD.value, Tail.UNEVEN.value):
+        return pass_length
+    if state.tail == Tail.DROP.value:
+        return max(0, pass_length - state.world_size + 1)
+    return 0
 
 
 _FIELD_TYPES = {field.name: str(field.type) for field in fields(SamplerState)}

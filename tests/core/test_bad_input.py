@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from stateful_sampler import IncompatibleStateError, StatefulSampler
@@ -180,6 +180,8 @@ WRONG_VALUES = st.one_of(
 
 
 @given(field=st.sampled_from(sorted(VALID)), value=WRONG_VALUES, drop=st.booleans())
+@example(field="epoch_end", value=0, drop=False)  # short of the epoch: was refused naming position
+@example(field="epoch_end", value=8, drop=False)  # at the saved position: was taken as the epoch's end
 def test_any_corrupted_field_is_refused_by_name_and_loses_nothing(field: str, value: Any, drop: bool) -> None:
     """A state with one field removed or replaced either still describes this sampler's order (the
     value happened to be valid, e.g. another world size) or is refused naming that field."""
