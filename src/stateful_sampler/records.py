@@ -63,10 +63,10 @@ class PassRecords:
             return marked
         length = self.pass_length(base_pass)
         passes, local = np.divmod(offsets, length) if length else (np.zeros_like(offsets), offsets)
-        for relative_pass in np.unique(passes).tolist():
+        for relative_pass in range(int(passes.min()), int(passes.max()) + 1):  # np.unique would import numpy.ma
             repeats = getattr(self._pass_order(base_pass + relative_pass), "repeats", None)
-            if repeats is not None:
-                in_pass = passes == relative_pass
+            in_pass = passes == relative_pass
+            if repeats is not None and in_pass.any():
                 marked[in_pass] = repeats(local[in_pass])
         return marked
 
