@@ -3,7 +3,8 @@
 - resume cost against the number of sources (1, 10, 100, 1000): a fresh sampler loads a state saved in the middle
   of a 10^9-draw epoch and yields its first batch of 256, for a mixture resumed as it was saved (three schedule
   changes at (epoch, position) keys before the state), for a mixture changed at the resume (``on_change="continue"``,
-  other weights and a source appended) and for a later state of that changed run. Each system is a *builder*
+  other weights and a source appended), for a later state of that changed run, and for sources of 5-15 records,
+  each ~10^7 passes deep (a batch spans a source-epoch a draw). Each system is a *builder*
   (``BUILDERS``): MixedStream's row joins as one more builder.
 - state sizes: the sampler's whole state with a ``Mixture`` of 1 and 100 sources after 10 changes at resumes, and
   ``PackedRows`` over a ``Mixture`` (split and whole rows).
@@ -52,7 +53,8 @@ Builder = Callable[[int, bool], dict[str, Resume]]  # (number of sources, small)
 def mixture_resumes(sources: int, small: bool) -> dict[str, Resume]:
     """A ``Mixture`` of ``sources`` sources (10^5 .. 10^7 records, random float weights, so quota periods of 10^6;
     ``small``: 10^3 .. 10^4 records and weights 1 .. 9, set up in milliseconds for ``--smoke``) through
-    ``StatefulSampler``: as saved, changed at the resume, and a later state of the changed run."""
+    ``StatefulSampler``: as saved, changed at the resume, a later state of the changed run, and a mixture of tiny
+    sources whose first batch after the resume spans hundreds of source-epochs."""
     from stateful_sampler import Mixture, StatefulSampler
 
     rng = np.random.default_rng(0)
@@ -67,6 +69,9 @@ def mixture_resumes(sources: int, small: bool) -> dict[str, Resume]:
     live = StatefulSampler(total + added, strategy=changed, seed=7, batch_size=BATCH)
     live.load_state_dict(state)
     later = live.state_after(10**6 // BATCH)
+    tiny = rng.integers(5, 16, sources).tolist()  # sources of 5-15 records: ~10^7 passes each by the saved position
+    wrapping = Mixture(tiny, rng.integers(1, 10, sources).tolist(), num_samples=EPOCH)
+    deep = StatefulSampler(sum(tiny), strategy=wrapping, seed=7, batch_size=BATCH).state_after(SAVED_AT // BATCH)
     return {
         "as saved (3 schedule changes before)": Resume(
             lambda: StatefulSampler(total, strategy=saved, seed=7, batch_size=BATCH), state
@@ -76,6 +81,9 @@ def mixture_resumes(sources: int, small: bool) -> dict[str, Resume]:
         ),
         "a later state of the changed run": Resume(
             lambda: StatefulSampler(total + added, strategy=changed, seed=7, batch_size=BATCH), later
+        ),
+        "sources of 5-15 records, deep in their passes": Resume(
+            lambda: StatefulSampler(sum(tiny), strategy=wrapping, seed=7, batch_size=BATCH), deep
         ),
     }
 
