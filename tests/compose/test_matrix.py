@@ -39,6 +39,7 @@ SIZES = [14, 22, 10]  # the saved run's sources
 APPENDED = 8  # the source appended at the resume ("continue")
 NUM_SAMPLES = 60  # a mixture epoch
 CHANGE = (0, 30)  # the schedule key of "mixture changed mid-epoch": after the saved step, inside the epoch
+LATER = 3  # steps of the resumed run before its own checkpoint: 4 of 3 ranks in all, in or past CHANGE's window
 SEQ_LEN, WINDOW, MAX_TOKENS = 16, 7, 40
 LENGTHS = np.random.default_rng(3).integers(1, SEQ_LEN + 1, sum(SIZES) + APPENDED).tolist()
 
@@ -201,14 +202,15 @@ def test_at_the_same_topology_a_resume_gives_the_uninterrupted_runs_batches(sour
         first = [u for steps in resumed for u in steps[0]]
         assert min(u.id for u in first) == max(u.id for u in consumed) + 1
         assert any(u.content >= sum(SIZES) for steps in resumed for step in steps for u in step)
-    # a later checkpoint of the resumed run (after the change, for "continue") resumes it exactly, step by step
+    # a later checkpoint of the resumed run (after the change: the resume for "continue", CHANGE for
+    # "mixture-schedule", in or past its window) resumes it exactly, step by step
     for rank in range(world):
         live = _resumed(source, order, batching, state, world, rank)
-        _steps(source, live, batching, 1)
-        later = _round_trip(live.state_dict(consumed_batches=1))
+        _steps(source, live, batching, LATER)
+        later = _round_trip(live.state_dict(consumed_batches=LATER))
         again = source.build(order, batching, resumed=True, world=world, rank=rank)
         again.load_state_dict(later)
-        assert list(_two_epochs(source, again, batching)) == resumed[rank][1:]
+        assert list(_two_epochs(source, again, batching)) == resumed[rank][LATER:]
 
 
 def _reference(source: Any, order: str, batching: str, state: Any) -> tuple[dict[int, Any], dict[int, Any]]:
