@@ -48,6 +48,7 @@ BATCHINGS = ("fixed", "packed-split", "packed-whole", "token-budget")
 PER_RANK_BATCH = {"fixed": 4, "packed-split": 2, "packed-whole": 2, "token-budget": 1}  # items a rank takes a step
 # (saving world, its per-rank batch as a fraction of the batching's, resuming world, its fraction)
 TOPOLOGIES = {"4->3": (4, 1, 3, 1), "3->4": (3, 1, 4, 1), "half-batch": (4, 1, 4, 0.5)}
+SAME_WORLD = 3  # the same topology: 3 ranks of the batching's per-rank batch, before and after
 
 
 def _strategy(order: str, resumed: bool) -> Any:
@@ -113,6 +114,20 @@ class MapStyle:
         else:
             records = [record for u in units for record in u.content]
         return Counter((record, t) for record in records for t in range(LENGTHS[record]))
+
+    def draw_tokens(self, order: str, consumed: list[Unit], after: dict[int, Any]) -> Counter[Any]:
+        """The tokens of the epoch's draws, from the strategy itself (for a mixture changed at the resume: the saving
+        run's draws before the saved position, then the resumed order's, ``after``, id -> record)."""
+        if order == "mixture-continue":
+            records = [u.content for u in consumed] + list(after.values())
+        else:
+            strategy, n = _strategy(order, resumed=False), sum(SIZES)
+            records = strategy.pass_order(n, SEED, 0)(np.arange(strategy.pass_length(n, 0), dtype=np.int64)).tolist()
+        return Counter((record, t) for record in records for t in range(LENGTHS[record]))
+
+    def appended(self, unit: Unit) -> bool:
+        """Whether a fixed batch's unit is a record of the source appended at the resume."""
+        return unit.content >= sum(SIZES)
 
 
 SOURCES = {"map-style": MapStyle()}
@@ -189,7 +204,7 @@ def _two_epochs(source: Any, sampler: Any, batching: str) -> Iterator[list[Unit]
 @pytest.mark.parametrize(("source", "order", "batching"), SAME)
 def test_at_the_same_topology_a_resume_gives_the_uninterrupted_runs_batches(source, order, batching):
     source = SOURCES[source]
-    world = 3
+    world = SAME_WORLD
     consumed, state = _saved(source, order, batching, world, 1, steps=1)
     resumed = [
         list(_two_epochs(source, _resumed(source, order, batching, state, world, r), batching)) for r in range(world)
@@ -201,7 +216,7 @@ def test_at_the_same_topology_a_resume_gives_the_uninterrupted_runs_batches(sour
     else:  # the run changed its mixture at the resume: it goes on from the saved position, with the new source
         first = [u for steps in resumed for u in steps[0]]
         assert min(u.id for u in first) == max(u.id for u in consumed) + 1
-        assert any(u.content >= sum(SIZES) for steps in resumed for step in steps for u in step)
+        assert any(source.appended(u) for steps in resumed for step in steps for u in step)
     # a later checkpoint of the resumed run (after the change: the resume for "continue", CHANGE for
     # "mixture-schedule", in or past its window) resumes it exactly, step by step
     for rank in range(world):
@@ -224,18 +239,6 @@ def _reference(source: Any, order: str, batching: str, state: Any) -> tuple[dict
     return before, {u.id: u.content for step in _steps(source, after, batching) for u in step}
 
 
-def _draw_tokens(order: str, batching: str, consumed: list[Unit], after: dict[int, Any]) -> Counter[Any]:
-    """The tokens of the epoch's draws, from the strategy itself (for a mixture changed at the resume: the saving
-    run's draws before the saved position, the resumed order's from there)."""
-    if order == "mixture-continue":
-        records = [u.content for u in consumed] + list(after.values())
-        return Counter((record, t) for record in records for t in range(LENGTHS[record]))
-    strategy = _strategy(order, resumed=False)
-    n = sum(SIZES)
-    draws = strategy.pass_order(n, SEED, 0)(np.arange(strategy.pass_length(n, 0), dtype=np.int64)).tolist()
-    return Counter((record, t) for record in draws for t in range(LENGTHS[record]))
-
-
 @pytest.mark.parametrize(("source", "order", "batching", "topology"), ELASTIC)
 def test_at_another_topology_every_unconsumed_token_comes_once_in_equal_steps(source, order, batching, topology):
     source = SOURCES[source]
@@ -252,14 +255,14 @@ def test_at_another_topology_every_unconsumed_token_comes_once_in_equal_steps(so
     assert ids == sorted(before)  # every row (position) of the epoch once: nothing consumed again, nothing lost
     assert all(before[u.id] == u.content for u in real)
     assert all(after[u.id] == u.content for u in rest)  # where the order, changed or not, puts it
-    assert source.tokens(real + rest, batching) == _draw_tokens(order, batching, real, after)
+    assert source.tokens(real + rest, batching) == source.draw_tokens(order, real, after)
 
 
 @pytest.mark.parametrize(("source", "order", "batching", "topology"), sorted(REFUSED))
 def test_the_cells_not_supported_are_refused_with_a_clear_error(source, order, batching, topology):
     error, message = REFUSED[source, order, batching, topology]
     source = SOURCES[source]
-    saving_world, saving_fraction, world, fraction = TOPOLOGIES.get(topology, (3, 1, 3, 1))
+    saving_world, saving_fraction, world, fraction = TOPOLOGIES.get(topology, (SAME_WORLD, 1, SAME_WORLD, 1))
     _, state = _saved(source, order, batching, saving_world, saving_fraction, steps=1)
     with pytest.raises(error, match=re.escape(message)):
         _resumed(source, order, batching, state, world, 0, fraction)
