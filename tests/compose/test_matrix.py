@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,7 @@ from stateful_sampler import (
     Uniform,
     Weighted,
 )
+from tests.compose.matrix_kill_run import loaders
 
 SEED = 11
 SIZES = [14, 22, 10]  # the saved run's sources
@@ -266,3 +270,24 @@ def test_the_cells_not_supported_are_refused_with_a_clear_error(source, order, b
     _, state = _saved(source, order, batching, saving_world, saving_fraction, steps=1)
     with pytest.raises(error, match=re.escape(message)):
         _resumed(source, order, batching, state, world, 0, fraction)
+
+
+@pytest.mark.slow
+def test_a_sigkilled_run_of_every_batching_resumes_at_0_workers_with_the_uninterrupted_batches(tmp_path: Path) -> None:
+    """One real SIGKILL for the map-style row: the four batchings over a mixture changed mid-epoch run in lockstep
+    with 2 workers, are killed after step 3 (before the change) and resume with 0 workers."""
+    record, state = tmp_path / "cut.jsonl", tmp_path / "cut.json"
+    run = lambda *args: subprocess.run(
+        [sys.executable, "-m", "tests.compose.matrix_kill_run", "--record", str(record), "--state", str(state),
+         *map(str, args)], cwd=Path(__file__).resolve().parents[2], timeout=300, check=False,
+    )  # fmt: skip
+    assert run("--workers", 2, "--kill-after", 3).returncode == -9
+    assert len(record.read_text().splitlines()) == 3
+    assert run("--workers", 0).returncode == 0
+    cut: dict[str, list[Any]] = {}
+    for line in record.read_text().splitlines():
+        for name, batch in json.loads(line).items():
+            cut.setdefault(name, []).append(batch)
+    whole = {name: json.loads(json.dumps(list(loader))) for name, loader in loaders(0).items()}
+    assert cut == whole
+    assert all(len(batches) > 3 for batches in whole.values())  # each was cut mid-epoch
