@@ -5,7 +5,8 @@ For every supported cell, a state saved mid-epoch resumes at the same topology w
 step by step (and a later checkpoint of the resumed run resumes exactly too), and at W 4->3, 3->4 and half the
 per-rank batch (ranks simulated in one process) with every unconsumed record, every token for packed rows, exactly
 once, nothing consumed again, in equal steps on every rank. The cells that are not supported are listed in
-``REFUSED`` with the exact error they raise.
+``REFUSED`` with the exact error they raise. One real SIGKILL (slow) covers the row's four batchings at once: run
+in lockstep with 2 workers by ``matrix_kill_run.py``, killed mid-epoch, resumed with 0 workers.
 
 A *source* builds what a cell runs (``MapStyle``: a ``StatefulSampler`` or a packed sampler over a ``Mixture`` of
 map-style datasets); stream sources (``MixedStream``, ``PackedStream``) join as another entry of ``SOURCES``.
