@@ -28,12 +28,13 @@ import torch
 from benchmarks import isolated
 from benchmarks.cases import CASES
 from benchmarks.cases_certificate import figure as certificate
+from benchmarks.cases_compose import figure as compose
 from benchmarks.cases_packing import epoch_starts, packing
 from benchmarks.cases_stream_peers import figure as stream_peers
 from benchmarks.cases_stream_remote import figure as stream_remote
 from benchmarks.figures import FIGURES, Check, Figures, Mode, RunCase
 
-# issues 18 and 19's figures, each kept in its own module
+# issues 18, 19, 26 and 28's figures, each kept in its own module
 FIGURES = {
     **FIGURES,
     "packing": packing,
@@ -41,6 +42,7 @@ FIGURES = {
     "stream-remote": stream_remote,
     "stream-peers": stream_peers,
     "certificate": certificate,
+    "compose": compose,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -91,3 +91,31 @@ def test_seeds_and_domains_shuffle_differently() -> None:
     assert len(orders) == 8
     assert tuple(range(50)) not in orders
     assert np.array_equal(images(permutation, 9, 0), images(permutation, 9, 0))  # pure in (seed, domain)
+
+
+@given(sizes=st.lists(st.integers(1, 60), min_size=1, max_size=10), data=st.data())
+def test_at_seeds_gives_each_value_what_its_own_seed_gives(sizes: list[int], data: st.DataObject) -> None:
+    """``at_seeds`` is the block of per-seed calls it replaces (a mixture's draws under many source-epochs)."""
+    permutation = RaggedPermutation(np.array(sizes))
+    count = data.draw(st.integers(0, 40))
+    seeds = data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=count, max_size=count))
+    domains = np.array(data.draw(st.lists(st.integers(0, len(sizes) - 1), min_size=count, max_size=count)), np.int64)
+    values = np.array([data.draw(st.integers(0, sizes[d] - 1)) for d in domains], dtype=np.int64)
+    block = permutation.at_seeds(np.array(seeds, dtype=np.uint64), domains, values)
+    alone = [int(permutation(seed, domains[i : i + 1], values[i : i + 1])[0]) for i, seed in enumerate(seeds)]
+    assert block.dtype == np.int64 and block.tolist() == alone
+
+
+@given(sizes=st.lists(st.integers(1, 60), min_size=2, max_size=10), seed=SEEDS, data=st.data())
+def test_at_seeds_with_one_seed_and_with_two_is_the_per_seed_call(
+    sizes: list[int], seed: int, data: st.DataObject
+) -> None:
+    """A block under one seed takes that seed's round keys once; a second seed turns on per-value keys: the same."""
+    permutation = RaggedPermutation(np.array(sizes))
+    domains = np.array(data.draw(st.lists(st.integers(0, len(sizes) - 1), min_size=2, max_size=30)), np.int64)
+    values = np.array([data.draw(st.integers(0, sizes[d] - 1)) for d in domains], dtype=np.int64)
+    seeds = np.full(len(domains), seed, dtype=np.uint64)
+    assert permutation.at_seeds(seeds, domains, values).tolist() == permutation(seed, domains, values).tolist()
+    seeds[-1] ^= np.uint64(1)
+    alone = permutation(int(seeds[-1]), domains[-1:], values[-1:])
+    assert permutation.at_seeds(seeds, domains, values).tolist() == [*permutation(seed, domains, values)[:-1], *alone]

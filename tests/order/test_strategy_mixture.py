@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from stateful_sampler import IncompatibleStateError, StatefulSampler
 from stateful_sampler.audit.mixture import audit_mixture, source_of
+from stateful_sampler.order.mixing import Domain, derive_seed
 from stateful_sampler.order.mixture import Mixture
 from stateful_sampler.order.quota import _earliest_deadline_first, _inside_windows
+from stateful_sampler.order.ragged import RaggedPermutation
 from tests.helpers import json_round_trip
 from tests.strategy_resume_checks import loader_resume, sigkilled_run
 
@@ -260,3 +262,46 @@ def test_the_audit_reports_shares_per_epoch_and_cumulatively_against_the_targets
     assert audit.source_epochs_completed.tolist() == [12, 1, 0]
     assert 0 < audit.largest_prefix_deviation < 1
     assert "largest prefix deviation" in audit.table()
+
+
+def records_one_source_epoch_at_a_time(mixture: Mixture, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
+    """A pass's records as 0.3.0's first ``Mixture`` computed them: one permutation call per source-epoch."""
+    sources, draws = mixture.locate(epoch, positions)
+    source_epochs, inside = np.divmod(draws, mixture.sizes[sources])
+    permutations = RaggedPermutation(mixture.sizes)
+    records = np.empty_like(inside)
+    for source_epoch in np.unique(source_epochs):
+        at = source_epochs == source_epoch
+        key = derive_seed(Domain.PERMUTATION, seed, 0x4D495854, int(source_epoch))
+        records[at] = permutations(key, sources[at], inside[at])
+    return mixture.offsets[sources] + records
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    data=st.data(),
+    seed=st.integers(0, 2**63 - 1),
+    epoch=st.integers(0, 40),
+)
+def test_a_pass_places_the_records_of_the_loop_over_source_epochs_it_replaced(
+    sizes: list[int], data: st.DataObject, seed: int, epoch: int
+) -> None:
+    """One cipher for a block whose small sources span many source-epochs gives the very records of the loop."""
+    weights = lambda: data.draw(st.lists(st.integers(0, 5), min_size=len(sizes), max_size=len(sizes)).filter(any))
+    num_samples = data.draw(st.integers(1, 40))
+    key = data.draw(st.tuples(st.integers(0, 3), st.integers(0, num_samples - 1)).filter(lambda k: k != (0, 0)))
+    mixture = Mixture(sizes, weights(), num_samples=num_samples, schedule={key: weights()})
+    positions = np.array(data.draw(st.lists(st.integers(0, num_samples - 1), max_size=50)), dtype=np.int64)
+    drawn = mixture.pass_order(sum(sizes), seed, epoch)(positions)
+    assert drawn.tolist() == records_one_source_epoch_at_a_time(mixture, seed, epoch, positions).tolist()
+
+
+def test_the_records_of_a_pass_are_pinned() -> None:
+    """A change here reorders every saved ``Mixture`` run: it must be deliberate (these are 0.3.0's first records)."""
+    mixture = Mixture([3, 1, 5, 40], [2, 1, 3, 1], num_samples=30, schedule={(1, 7): [1, 1, 0, 5]})
+    order = mixture.pass_order(49, 9, 4)
+    assert order(np.arange(30, dtype=np.int64)).tolist() == [
+        21, 48, 13, 0, 3, 19, 30, 35, 10, 34, 1, 3, 27, 31, 16, 38, 45, 2, 3, 33, 17, 41, 27, 21, 0, 3, 13, 37, 42, 20
+    ]  # fmt: skip
+    assert order(np.array([29, 0, 13, 13, 5], dtype=np.int64)).tolist() == [20, 21, 31, 31, 19]

@@ -38,7 +38,7 @@ import numpy as np
 
 from stateful_sampler.checks import check_int
 from stateful_sampler.errors import IncompatibleStateError
-from stateful_sampler.order.mixing import Domain, derive_seed
+from stateful_sampler.order.mixing import Domain, derive_seed, mix64_array
 from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.quota import QuotaPeriod, rational_weights
 from stateful_sampler.order.ragged import RaggedPermutation
@@ -203,7 +203,8 @@ class Mixture(Strategy):
         segments = np.searchsorted(self._starts, stream, side="right") - 1
         sources = np.empty(stream.shape, dtype=np.int64)
         draws = np.empty(stream.shape, dtype=np.int64)
-        for segment in np.unique(segments).tolist():  # few: a block spans few changes
+        # The segments present, ascending; not np.unique, whose first call imports numpy.ma (0.1 s of a first resume).
+        for segment in np.flatnonzero(np.bincount(segments)).tolist():  # few: a block spans few changes
             at = segments == segment
             if self.change is not None and segment == 0:  # before the change: this mixture's own order
                 sources[at], draws[at] = self._own.locate(epoch, positions[at])
@@ -405,18 +406,15 @@ class _MixturePass:
 
     def __init__(self, mixture: Mixture, seed: int, pass_index: int) -> None:
         self._mixture = mixture
-        self._seed = seed
         self._pass_index = pass_index
+        self._seed_prefix = derive_seed(Domain.PERMUTATION, seed, _TAG)  # source-epoch e's seed: this, extended by e
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """Records at positions of the epoch: source and draw from the interleave, then the draw's
-        record in that source's own permutation of its source-epoch."""
+        record in that source's own permutation of its source-epoch (seeded by (seed, source-epoch): one
+        cipher for the block, however many source-epochs its small sources span)."""
         mixture = self._mixture
         sources, draws = mixture.locate(self._pass_index, positions)
         source_epochs, inside = np.divmod(draws, mixture.sizes[sources])
-        records = np.empty_like(inside)
-        for source_epoch in np.unique(source_epochs):  # few: a block spans few passes of any large source
-            at = source_epochs == source_epoch
-            seed = derive_seed(Domain.PERMUTATION, self._seed, _TAG, int(source_epoch))
-            records[at] = mixture._permutations(seed, sources[at], inside[at])
-        return mixture.offsets[sources] + records
+        seeds = mix64_array(source_epochs.view(np.uint64), self._seed_prefix, np.empty(len(draws), np.uint64))
+        return mixture.offsets[sources] + mixture._permutations.at_seeds(seeds, sources, inside)

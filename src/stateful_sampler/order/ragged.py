@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from stateful_sampler.order.mixing import Domain, derive_seed, mix64_array
+from stateful_sampler.order.mixing import Domain, derive_seed, mix64, mix64_array
 from stateful_sampler.order.permutation import feistel_rounds
 
 ROUNDS = 12  # the small-domain count of ``permutation.rounds_for``: groups are mostly small
@@ -42,18 +42,36 @@ class RaggedPermutation:
         keys = np.empty(len(domains), dtype=np.uint64)
         mix64_array(domains.astype(np.uint64), derive_seed(Domain.PERMUTATION, seed), keys)
         rounds = tuple(np.uint64(derive_seed(Domain.PERMUTATION, seed, index)) for index in range(ROUNDS))
+        return self._images(values, domains, keys, rounds)
+
+    def at_seeds(self, seeds: np.ndarray, domains: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """``self(seeds[i], domains[i:i+1], values[i:i+1])`` for every i at once (``seeds`` uint64): a block whose
+        values fall under many seeds (a mixture's small sources, each on its own pass) in one cipher, not one a seed.
+        """
+        if seeds.size and (seeds == seeds[0]).all():  # one seed (large sources, one pass each): its round keys once
+            return self(int(seeds[0]), domains, values)
+        bases = mix64_array(seeds, mix64(int(Domain.PERMUTATION)), np.empty_like(seeds))  # derive_seed(PERM, seed)
+        keys = mix64_array(domains.astype(np.uint64) ^ bases, 0, np.empty_like(seeds))
+        rounds = tuple(mix64_array(bases, index, np.empty_like(seeds)) for index in range(ROUNDS))
+        return self._images(values, domains, keys, rounds)
+
+    def _images(
+        self, values: np.ndarray, domains: np.ndarray, keys: np.ndarray, rounds: tuple[np.uint64 | np.ndarray, ...]
+    ) -> np.ndarray:
+        """The cipher, cycle-walked onto each domain; a round key is one word, or one per value."""
         m, n, sizes = self._m[domains], self._n[domains], self.sizes[domains]
         result = self._encrypt(values.astype(np.uint64), keys, rounds, m, n)
         outside = np.flatnonzero(result >= sizes)
         while outside.size:
-            walked = self._encrypt(result[outside], keys[outside], rounds, m[outside], n[outside])
+            walking = tuple(key[outside] if isinstance(key, np.ndarray) else key for key in rounds)
+            walked = self._encrypt(result[outside], keys[outside], walking, m[outside], n[outside])
             result[outside] = walked
             outside = outside[walked >= sizes[outside]]
         return result.view(np.int64)
 
     @staticmethod
     def _encrypt(
-        values: np.ndarray, keys: np.ndarray, rounds: tuple[np.uint64, ...], m: np.ndarray, n: np.ndarray
+        values: np.ndarray, keys: np.ndarray, rounds: tuple[np.uint64 | np.ndarray, ...], m: np.ndarray, n: np.ndarray
     ) -> np.ndarray:
         """One pass of the per-element cipher over [0, m*n); the round function hashes right ^ key ^ round."""
         left = values // n
@@ -62,7 +80,7 @@ class RaggedPermutation:
         return left * n + right
 
 
-def _round_keys(keys: np.ndarray, rounds: tuple[np.uint64, ...]) -> Iterator[np.ndarray]:
+def _round_keys(keys: np.ndarray, rounds: tuple[np.uint64 | np.ndarray, ...]) -> Iterator[np.ndarray]:
     """Each element's key for each round, its own key ^ the round's; one buffer serves every round (a round is
     done with its key before the next)."""
     key = np.empty_like(keys)
