@@ -28,6 +28,7 @@ import torch
 from benchmarks import isolated
 from benchmarks.cases import CASES
 from benchmarks.cases_certificate import figure as certificate
+from benchmarks.cases_compose_packing import figure as compose_packing
 from benchmarks.cases_packing import epoch_starts, packing
 from benchmarks.cases_stream_peers import figure as stream_peers
 from benchmarks.cases_stream_remote import figure as stream_remote
@@ -41,6 +42,7 @@ FIGURES = {
     "stream-remote": stream_remote,
     "stream-peers": stream_peers,
     "certificate": certificate,
+    "compose-packing": compose_packing,
 }
 
 ROOT = Path(__file__).resolve().parent.parent
