@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from benchmarks import isolated
+from benchmarks.cases_compose_packing import figure as packing_epoch_start
 
 if TYPE_CHECKING:
     from benchmarks.figures import Mode
@@ -191,6 +192,7 @@ def figure(mode: Mode, run_case: Any, figures: Any) -> None:
             rows = "split" if split else "whole"
             figures.rows.append(Row(name, f"PackedRows ({rows}) over a Mixture of {sources} sources", "ours",
                                     size["pickle_bytes"], "B", note=f"JSON {size['json_bytes']} B"))  # fmt: skip
+    packing_epoch_start(mode, run_case, figures)  # whole-record packing's epoch start, issue 26 item 5
 
 
 if __name__ == "__main__":

@@ -231,10 +231,9 @@ def epoch_start(size: int, mode: str, resume: bool = True) -> dict[str, Any]:
 BEFORE_ITEM_5 = "51f11899355b82ed05bc8fc12fa563115cdf31c4"  # main before issue 26 item 5 (windows packed one by one)
 
 
-def run_before(name: str, **params: Any) -> dict[str, Any]:
-    """Case ``name`` against the library before issue 26 item 5 (``BEFORE_ITEM_5``), in a fresh interpreter
-    that imports that copy of ``src`` first."""
-    base = BEFORE_ITEM_5
+def run_before(name: str, base: str = BEFORE_ITEM_5, **params: Any) -> dict[str, Any]:
+    """Case ``name`` against the library at commit ``base`` (before issue 26 item 5 by default), in a fresh
+    interpreter that imports that copy of ``src`` first."""
     with tempfile.TemporaryDirectory() as copy:
         archive = subprocess.run(["git", "archive", base, "src"], cwd=isolated.ROOT, capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", copy], input=archive.stdout, check=True)
@@ -247,7 +246,7 @@ def run_before(name: str, **params: Any) -> dict[str, Any]:
             cwd=isolated.ROOT, capture_output=True, text=True, check=False, env=env,
         )  # fmt: skip
     if completed.returncode != 0:
-        raise RuntimeError(f"case {name}({params}) before item 5 failed:\n{completed.stderr[-3000:]}")
+        raise RuntimeError(f"case {name}({params}) at {base[:7]} failed:\n{completed.stderr[-3000:]}")
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     result["base"] = base[:7]
     return result

@@ -30,6 +30,10 @@ from stateful_sampler.order import Grouped
 STRATEGIES = {
     "weighted": lambda n: Weighted(np.arange(1, n + 1), num_samples=n + 5),
     "mixture": lambda n: Mixture([2, n - 2], [3, 1], num_samples=n + 3, schedule={1: [1, 1]}),
+    # weights changed mid-epoch, inside a window (a schedule key (epoch, position)), and again at epoch 1
+    "mixture-mid-epoch": lambda n: Mixture(
+        [2, n - 2], [3, 1], num_samples=n + 3, schedule={(0, n // 2 + 1): [1, 4], (1, 3): [2, 1]}
+    ),
     "curriculum": lambda n: Curriculum(np.arange(n) % 3, schedule=[1, 2, 3]),
     "stratified": lambda n: Stratified(np.arange(n) % 2),
     "in-order": lambda n: Uniform(shuffle=False),

@@ -70,8 +70,9 @@ def refuse_longer(lengths: np.ndarray, limit: int, limit_name: str, advice: str)
 
 
 def lengths_digest(lengths: np.ndarray) -> str:
-    """A hash of the values (not of their dtype: int32 and int64 copies of the same lengths agree)."""
+    """A hash of the values (not of their dtype: int32 and int64 copies of the same lengths agree); each chunk's
+    int64 buffer is hashed as it is, without a bytes copy (a resume's construction at 10^8 hashes 800 MB)."""
     digest = hashlib.blake2b(digest_size=16)
     for at in range(0, len(lengths), _CHUNK):
-        digest.update(np.ascontiguousarray(lengths[at : at + _CHUNK], dtype=np.int64).tobytes())
+        digest.update(np.ascontiguousarray(lengths[at : at + _CHUNK], dtype=np.int64))
     return digest.hexdigest()

@@ -61,22 +61,18 @@ def bin_cost(lengths: np.ndarray, *, padded: bool = False) -> int:
 
 
 # bin_counts: the same bins counted for many windows at once, in NumPy lock-step (one record of every window per
-# step). A window's rooms are a multiset of integers in [1, capacity): a count per value, and above it one bitmap
+# step). A window's rooms are a multiset of integers in [0, capacity]: a count per value, and above it one bitmap
 # per 64x (bit v of a level: value v of the level below is present), so "the smallest room >= need" is a few
-# word operations per window, whatever the number of open bins. Room 0 is a scratch slot no query ever reads:
-# the step writes there when it has nothing to take out or put in, so every step is the same operations.
+# word operations per window, whatever the number of open bins. Room ``capacity`` is a new bin: always present
+# (its count never reaches 0), so every query finds a room and every step is the same operations; room 0, a full
+# bin, is never asked for. The words are int64 (bit 63 the sign bit): shifts and masks stay in one dtype.
 _MAX_VECTOR_CAPACITY = 1 << 15  # beyond it a window's room table outgrows the caches: pack_window is faster
 _MIN_VECTOR_WINDOWS = 32  # below it a lock-step's NumPy calls cost more than packing each window
-_TABLE_CELLS = 1 << 23  # room counts held at once (16 MB of uint16): windows per lock-step batch
-_DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
-_DEBRUIJN_SHIFT = np.uint64(58)
-_DEBRUIJN_TABLE = np.zeros(64, dtype=np.intp)
-_DEBRUIJN_TABLE[(((1 << np.arange(64, dtype=object)) * 0x03F79D71B4CB0A89) % (1 << 64) >> 58).astype(np.intp)] = (
-    np.arange(64)
-)
-_BITS = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))
-_FROM = ~(_BITS - np.uint64(1))  # _FROM[b]: bits b..63 of a word
-_ALL = ~np.uint64(0)
+_TABLE_CELLS = 1 << 25  # room counts held at once (64 MB of uint16): windows per lock-step batch
+_ONE = np.int64(1)
+_ALL = np.int64(-1)
+_EXPONENT = np.int64(52)
+_BIAS = np.int64(1023)
 
 
 def bin_counts(windows: np.ndarray, capacity: int, *, padded: bool = False) -> np.ndarray:
@@ -120,12 +116,32 @@ def _padded_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
 
 
 def _ctz(words: np.ndarray) -> np.ndarray:
-    """The lowest set bit of each (nonzero) word, by de Bruijn multiplication (NumPy 1.24 has no bit count)."""
+    """The lowest set bit of each (nonzero) int64 word: that bit alone is a power of two, exact as a float64,
+    whose exponent is the bit (NumPy 1.24 has no bit count)."""
     low = np.negative(words)
     low &= words
-    low *= _DEBRUIJN
-    low >>= _DEBRUIJN_SHIFT
-    return _DEBRUIJN_TABLE[low.view(np.int64)]
+    exponent = low.view(np.uint64).astype(np.float64).view(np.int64)
+    exponent >>= _EXPONENT
+    exponent -= _BIAS
+    return exponent
+
+
+def _level_widths(capacity: int) -> list[int]:
+    """Words per window at each level, the bottom first: level d is asked from bit p_d on, p_0 up to
+    ``capacity`` and p_{d+1} = (p_d >> 6) + 1 (the words after p_d's), so each level has the words up to
+    its last p_d's; the top level is one word."""
+    widths = []
+    position = capacity
+    while True:
+        widths.append((position >> 6) + 1)
+        if widths[-1] == 1:
+            return widths
+        position = widths[-1]
+
+
+def _reach(words: int) -> int:
+    """A mask that keeps a word index below the next power of two of ``words``."""
+    return (1 << (words - 1).bit_length()) - 1
 
 
 def _best_fit_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
@@ -133,97 +149,94 @@ def _best_fit_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
 
     A record longer than ``capacity // 2`` finds every open bin's room below it (the bin's first record is at
     least as long), so those records open one bin each and only put their rooms in; the rest take one step each.
-    Rows are ordered by how many such records they have, so the rows still packing at a step are a prefix."""
+    Rows are ordered by how many such records they have, so the rows still packing at a step are a prefix. A
+    row's bins are its rooms at the end (a full bin's room is 0), the always-present room ``capacity`` aside."""
     count, width = longest_first.shape
     alone = longest_first > capacity // 2
     singles = alone.sum(axis=1)
     order = np.argsort(singles, kind="stable")
     longest_first, alone, singles = longest_first[order], alone[order], singles[order]
-    widths = []
-    levels_width = capacity
-    while levels_width > 1:
-        levels_width = (levels_width >> 6) + 1
-        widths.append(levels_width)
-    rooms = np.zeros(count * capacity, dtype=np.uint16 if width < (1 << 16) else np.int64)
-    rows, columns = np.nonzero(alone)
-    np.add.at(rooms, rows * capacity + capacity - longest_first[rows, columns], 1)
-    rooms.reshape(count, capacity)[:, 0] = 0
-    present = rooms.reshape(count, capacity) > 0
-    levels = []
-    for level_width in widths:
-        bits = np.zeros((count, level_width * 64), dtype=bool)
-        bits[:, : present.shape[1]] = present
-        packed = np.packbits(bits, axis=1, bitorder="little").view("<u8").astype(np.uint64)
-        levels.append(packed.reshape(-1))
-        present = packed != 0
     left = width - singles
     steps = int(left[0])
     if not steps:  # every record alone (capacity 1, or every record longer than half of it)
         return singles.astype(np.int64)[np.argsort(order)]
-    columns_at = np.minimum(singles[:, None] + np.arange(steps), width - 1)
-    steps_major = np.ascontiguousarray(np.take_along_axis(longest_first, columns_at, axis=1).T)
+    values = capacity + 1
+    new_bin = width + 1  # the count of room ``capacity``: more than the bins a row can open
+    table = np.zeros((count, values), dtype=np.uint16 if new_bin < (1 << 16) else np.int64)  # rooms of a value
+    rows, columns = np.nonzero(alone)
+    np.add.at(table, (rows, capacity - longest_first[rows, columns]), 1)
+    table[:, capacity] = new_bin
+    widths = _level_widths(capacity)
+    present = table > 0
+    levels = []
+    for level_width in widths:
+        bits = np.zeros((count, level_width * 64), dtype=bool)
+        bits[:, : present.shape[1]] = present
+        packed = np.packbits(bits, axis=1, bitorder="little").view("<i8").astype(np.int64)
+        levels.append(np.concatenate([packed.reshape(-1), np.zeros(_reach(level_width) + 1, dtype=np.int64)]))
+        present = packed != 0
+    reaches = [_reach(level_width) for level_width in widths]
+    rooms = table.reshape(-1)
+    records = np.ascontiguousarray(longest_first).reshape(-1)
+    first_step = np.arange(count, dtype=np.int64) * width + singles  # each row's first record that is not alone
     live_at = np.searchsorted(-left, -np.arange(steps), side="left")  # rows with more than t records to place
     bases = [np.arange(count, dtype=np.int64) * level_width for level_width in widths]
-    room_base = np.arange(count, dtype=np.int64) * capacity
-    opened = np.zeros(count, dtype=np.int64)
+    room_base = np.arange(count, dtype=np.int64) * values
     top, top_words = len(widths) - 1, levels[-1]
     for step in range(steps):
         live = int(live_at[step])
-        need = steps_major[step, :live].astype(np.int64)
-        # the smallest room >= need: the word holding need at each level, then down from the first hit
-        value = need
-        quotients: list[np.ndarray] = []
-        words: list[np.ndarray] = []
+        need = records[first_step[:live] + step].astype(np.int64)
+        tops = top_words[:live]  # one word a row: a slice, no gather
+        # up: at each level the word holding p_d, its bits from p_d on
+        position = need
+        cells, words, masked = [], [], []
         for depth in range(top):
-            quotient = value >> 6
-            word = levels[depth][bases[depth][:live] + quotient]
-            word &= _FROM[value & 63]
-            quotients.append(quotient)
+            quotient = position >> 6
+            cell = bases[depth][:live] + quotient
+            word = levels[depth][cell]
+            cells.append(cell)
             words.append(word)
-            value = quotient + 1
-        word = top_words[:live] & _FROM[value]
-        room = _ctz(word)
-        found = word != 0
+            masked.append(word & (_ALL << (position & 63)))
+            position = quotient + 1
+        room = bit = _ctz(tops & (_ALL << position))
+        word = tops
+        # down from the top: the lowest level with a hit holds the answer; below it, each word's lowest bit. Above
+        # that level the words may be empty (a room below p_d's word), their "lowest bit" garbage: masked to a
+        # word index in bounds, read, and discarded where the level below hits
         for depth in range(top - 1, -1, -1):
-            hit = words[depth] != 0
-            index = np.where(hit, quotients[depth], room)
-            word = np.where(hit, words[depth], levels[depth][bases[depth][:live] + index])
-            room = (index << 6) + _ctz(word)
-            found |= hit
-        room *= found
-        opened[:live] += ~found
-        _take_out(rooms, levels, bases, room_base[:live] + room, room)
-        room = np.where(found, room, capacity) - need
-        _put_in(rooms, levels, bases, room_base[:live] + room, room)
+            hit = masked[depth] != 0
+            base = bases[depth][:live]
+            other = base + (room & reaches[depth])
+            other_word = levels[depth][other]
+            cell = np.where(hit, cells[depth], other)
+            word = np.where(hit, words[depth], other_word)
+            bit = _ctz(np.where(hit, masked[depth], other_word))
+            room = ((cell - base) << 6) + bit
+        # one room ``room`` out: a bit goes when its count does, a word's bit above when the word empties
+        at = room_base[:live] + room
+        kept = rooms[at] - 1
+        rooms[at] = kept
+        cleared = kept == 0
+        word ^= (_ONE << bit) * cleared  # top == 0: ``word`` is the slice of the top words itself
+        if top:
+            levels[0][cell] = word
+            value = room >> 6
+            for depth in range(1, top):
+                cleared &= word == 0
+                at = bases[depth][:live] + (value >> 6)
+                word = levels[depth][at]
+                word ^= (_ONE << (value & 63)) * cleared
+                levels[depth][at] = word
+                value >>= 6
+            cleared &= word == 0
+            tops ^= (_ONE << value) * cleared
+        # room - need in
+        value = room - need
+        rooms[room_base[:live] + value] += 1
+        for depth in range(top):
+            levels[depth][bases[depth][:live] + (value >> 6)] |= _ONE << (value & 63)
+            value >>= 6
+        tops |= _ONE << value
     bins = np.empty(count, dtype=np.int64)
-    bins[order] = singles + opened
+    bins[order] = table[:, :capacity].sum(axis=1, dtype=np.int64)
     return bins
-
-
-def _take_out(
-    rooms: np.ndarray, levels: list[np.ndarray], bases: list[np.ndarray], cell: np.ndarray, value: np.ndarray
-) -> None:
-    """One room of value ``value`` out of each live row (its count is at ``cell``); a bit goes when its count does."""
-    left = rooms[cell] - 1
-    rooms[cell] = left
-    cleared = left == 0
-    live = len(value)
-    for base, level in zip(bases[:-1], levels[:-1]):
-        at = base[:live] + (value >> 6)
-        word = level[at] & np.where(cleared, ~_BITS[value & 63], _ALL)
-        level[at] = word
-        cleared &= word == 0
-        value = value >> 6
-    levels[-1][:live] &= np.where(cleared, ~_BITS[value], _ALL)  # one word a row: a slice, no gather
-
-
-def _put_in(
-    rooms: np.ndarray, levels: list[np.ndarray], bases: list[np.ndarray], cell: np.ndarray, value: np.ndarray
-) -> None:
-    """One room of value ``value`` into each live row (its count is at ``cell``)."""
-    rooms[cell] += 1
-    live = len(value)
-    for base, level in zip(bases[:-1], levels[:-1]):
-        level[base[:live] + (value >> 6)] |= _BITS[value & 63]
-        value = value >> 6
-    levels[-1][:live] |= _BITS[value]
