@@ -160,6 +160,12 @@ class ShardedStream(IterableDataset):
     def rank(self) -> int:
         return resolve_ranks(self.num_replicas, self._rank)[1]
 
+    @property
+    def ranks_set(self) -> bool:
+        """Whether ``num_replicas`` or ``rank`` was given: a stream fed to an outer stage that deals the ranks
+        (``PackedStream``) must be built without them."""
+        return self._num_replicas is not None or self._rank is not None
+
     def __getstate__(self) -> dict[str, Any]:
         """Workers started by spawn or forkserver have no process group: they get the ranks the
         main process resolved when the DataLoader pickled the dataset for them."""
