@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,9 +19,10 @@ from hypothesis import strategies as st
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.loader import ResumableLoader
-from stateful_sampler.stream import PackedStream, ShardedStream
+from stateful_sampler.stream import PackedStream, ShardedStream, ShardReadError
 
 COUNTS = [7, 5, 0, 9, 4, 6]  # 31 records
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class TokenShards:
@@ -223,3 +228,42 @@ def test_a_record_longer_than_seq_len_is_refused_or_truncated_when_whole() -> No
 def test_loader_refuses_a_contradicting_batch_size() -> None:
     with pytest.raises(ValueError, match="batch_size=3 contradicts"):
         packed(batch=2).loader(batch_size=3)
+
+
+def _run_packed(shards: Path, root: Path, workers: int, kill_after: int | None = None) -> int:
+    command = [sys.executable, "-m", "tests.stream.packed_stream_kill_run", str(shards), str(root)]
+    command += ["--workers", str(workers)] + ([] if kill_after is None else ["--kill-after", str(kill_after)])
+    return subprocess.run(command, cwd=ROOT, timeout=300, capture_output=True, check=False).returncode
+
+
+def _recorded(root: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (root / "record.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_packed_parquet_stream_killed_with_two_workers_resumes_exactly_at_zero(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    shards, whole, cut = tmp_path / "shards", tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir(), cut.mkdir()
+    assert _run_packed(shards, whole, workers=0) == 0
+    expected = _recorded(whole)
+    assert len(expected) == 10  # 2 epochs of 5 batches (132 tokens: 9 rows of 16 an epoch, batches of 2)
+    assert _run_packed(shards, cut, workers=2, kill_after=7) == -9  # epoch 1, batch 2 of 5
+    assert len(_recorded(cut)) == 7
+    assert _run_packed(shards, cut, workers=0) == 0
+    assert _recorded(cut) == expected
+
+
+def test_parquet_lengths_are_read_from_the_token_column_alone(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    from stateful_sampler.stream import ParquetReader
+    from tests.stream.packed_stream_kill_run import write_shards
+
+    names = write_shards(tmp_path)
+    reader = ParquetReader()
+    assert reader.lengths(names[1], "input_ids").tolist() == [len(tokens(g)) for g in range(6, 10)]
+    with pytest.raises(ShardReadError, match="could not read column 'ids'"):
+        reader.lengths(names[1], "ids")
+    rows = PackedStream(ShardedStream(names, reader, batch_size=3, window=2, seed=3), 16, num_replicas=1, rank=0)
+    batch = next(iter(rows.loader(batch_size=9)))
+    assert sorted(batch["input_ids"].reshape(-1).tolist()[:132]) == sorted(t for g in range(22) for t in tokens(g))
