@@ -114,7 +114,7 @@ class PackedStream(PackedRows):
 
     A ``PackedRows`` sampler over the stream's order (so everything it does holds: ranks, tails, elastic resume,
     ``state_dict(consumed_batches=k)``, ``ResumableLoader``, ``SamplerCheckpoint``), with the dataset that builds
-    its rows from the stream's shards (``dataset``, a ``PackedDataset``) and the loader over both (``loader()``).
+    its rows from the stream's shards (``packed_dataset``, a ``PackedDataset``) and the loader over both (``loader()``).
 
     Args:
         stream: a ``ShardedStream`` built without ``num_replicas`` and ``rank`` (rows are dealt to ranks here)
@@ -186,10 +186,10 @@ class PackedStream(PackedRows):
             strategy=order,
         )
         records = StreamRecords(stream.shards, stream.counts, stream.reader, tokens, kept=stream.window + 1)
-        self.dataset = PackedDataset(records, self, attention=attention, pad_id=pad_id)
+        self.packed_dataset = PackedDataset(records, self, attention=attention, pad_id=pad_id)
 
     def loader(self, **kwargs: Any) -> DataLoader:
-        """The ``DataLoader`` of collated rows: this sampler, its ``dataset`` and the dataset's ``collate``. Takes
+        """The ``DataLoader`` of collated rows: this sampler, its ``packed_dataset`` and that dataset's ``collate``. Takes
         ``DataLoader``'s other arguments (``num_workers``, ...); ``batch_size`` defaults to this sampler's, and
         one that contradicts it is refused.
 
@@ -207,7 +207,9 @@ class PackedStream(PackedRows):
             self.batch_size = batch_size
         elif batch_size != self.batch_size:
             raise ValueError(f"batch_size={batch_size} contradicts PackedStream(..., batch_size={self.batch_size})")
-        return DataLoader(self.dataset, sampler=self, batch_size=batch_size, collate_fn=self.dataset.collate, **kwargs)
+        return DataLoader(
+            self.packed_dataset, sampler=self, batch_size=batch_size, collate_fn=self.packed_dataset.collate, **kwargs
+        )
 
     def extra_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """The row anchor, and the source stream's identity (``stream``), which a resume checks first."""
