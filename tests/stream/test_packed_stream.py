@@ -267,3 +267,27 @@ def test_parquet_lengths_are_read_from_the_token_column_alone(tmp_path: Path) ->
     rows = PackedStream(ShardedStream(names, reader, batch_size=3, window=2, seed=3), 16, num_replicas=1, rank=0)
     batch = next(iter(rows.loader(batch_size=9)))
     assert sorted(batch["input_ids"].reshape(-1).tolist()[:132]) == sorted(t for g in range(22) for t in tokens(g))
+
+
+class CountingShards(TokenShards):
+    def __init__(self, counts: Sequence[int]) -> None:
+        super().__init__(counts)
+        self.read_shards: list[str] = []
+
+    def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:
+        self.read_shards.append(shard)
+        return super().read(shard, start, stop)
+
+
+def test_a_lengths_cache_plans_the_rows_of_a_restart_without_reading_a_shard(tmp_path: Path) -> None:
+    def build(reader: CountingShards) -> PackedStream:
+        stream = ShardedStream([str(i) for i in range(len(COUNTS))], reader, batch_size=3, window=2, seed=5)
+        return PackedStream(stream, 16, num_replicas=1, rank=0, window=8, lengths_cache=tmp_path)
+
+    first, second = CountingShards(COUNTS), CountingShards(COUNTS)
+    plans = [list(plan) for plan in build(first)]
+    assert sorted(first.read_shards) == [str(i) for i in range(len(COUNTS))]
+    restarted = build(second)
+    assert second.read_shards == []
+    assert [list(plan) for plan in restarted] == plans == [list(plan) for plan in packed()]
+    assert len(list(tmp_path.glob("*.npy"))) == len(COUNTS) and not list(tmp_path.glob("*.tmp*"))

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
+import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,21 +45,39 @@ PACKED_STREAM_VERSION = 1
 _SOURCE_FIELDS = {"version", "source"}
 
 
-def record_lengths(stream: ShardedStream, tokens: str) -> np.ndarray:
+def record_lengths(stream: ShardedStream, tokens: str, cache: str | os.PathLike[str] | None = None) -> np.ndarray:
     """Every record's token count, shards concatenated in the stream's order: the reader's
     ``lengths(shard, column)`` where it has one (``ParquetReader`` reads the token column alone), else the
-    length of each record's ``tokens``."""
+    length of each record's ``tokens``. With ``cache`` (a folder), each shard's lengths are kept in a file named
+    by a hash of the shard's name, count, content identity (when the reader has one) and ``tokens``, and read
+    back from it, so that a resume reads no shard to plan its rows."""
     reader = stream.reader
     read_lengths = getattr(reader, "lengths", None)
+    folder = None if cache is None else Path(cache)
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+    identities = stream.identities
     parts = []
-    for shard, count in zip(stream.shards, stream.counts):
-        if read_lengths is not None:
+    for index, (shard, count) in enumerate(zip(stream.shards, stream.counts)):
+        kept = None
+        if folder is not None:
+            identity = "" if identities is None else identities[index]
+            key = hashlib.sha256(f"{shard}\0{count}\0{identity}\0{tokens}".encode()).hexdigest()[:32]
+            kept = folder / f"{key}.npy"
+        if kept is not None and kept.exists():
+            lengths = np.load(kept)
+        elif read_lengths is not None:
             lengths = np.asarray(read_lengths(shard, tokens), dtype=np.int64).reshape(-1)
         else:
             lengths = np.array([len(tokens_of(record, tokens, shard)) for record in reader.read(shard, 0, count)])
         if len(lengths) != count:
             raise ValueError(f"shard {shard!r} has {count} records, but {len(lengths)} lengths of {tokens!r} were read")
-        parts.append(lengths.astype(np.int64, copy=False))
+        lengths = lengths.astype(np.int64, copy=False)
+        if kept is not None and not kept.exists():
+            partial = kept.with_suffix(f".{os.getpid()}.tmp.npy")
+            np.save(partial, lengths)
+            partial.replace(kept)  # whole or absent: a killed run leaves no half-written lengths
+        parts.append(lengths)
     return np.concatenate(parts)
 
 
@@ -130,6 +151,8 @@ class PackedStream(PackedRows):
         num_replicas, rank, tail: as ``StatefulSampler``: ``tail="pad"`` evens out the ranks with marked
             padding rows (labels all ``-100``, ``is_padding`` set).
         attention, pad_id: as ``PackedDataset``.
+        lengths_cache: a folder where each shard's lengths are kept once read (see ``record_lengths``): a
+            restarted run plans its rows without reading the shards' token columns again.
 
     Example:
         >>> packed = PackedStream(stream, seq_len=256, batch_size=8)              # doctest: +SKIP
@@ -153,6 +176,7 @@ class PackedStream(PackedRows):
         window: int = DEFAULT_WINDOW,
         attention: str = "varlen",
         pad_id: int = 0,
+        lengths_cache: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(stream, ShardedStream):
             raise TypeError(f"stream must be a ShardedStream, got {type(stream).__name__}")
@@ -173,7 +197,7 @@ class PackedStream(PackedRows):
         self.source = _source_identity(stream)
         order = StreamOrder(stream.order, source=json.dumps(self.source, sort_keys=True))
         super().__init__(
-            record_lengths(stream, tokens),
+            record_lengths(stream, tokens, lengths_cache),
             seq_len,
             split_records=split_records,
             window=window,
