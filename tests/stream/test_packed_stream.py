@@ -291,3 +291,13 @@ def test_a_lengths_cache_plans_the_rows_of_a_restart_without_reading_a_shard(tmp
     assert second.read_shards == []
     assert [list(plan) for plan in restarted] == plans == [list(plan) for plan in packed()]
     assert len(list(tmp_path.glob("*.npy"))) == len(COUNTS) and not list(tmp_path.glob("*.tmp*"))
+
+
+def test_padding_rows_even_out_the_ranks_and_teach_nothing() -> None:
+    rows_in_epoch = packed().rows_in_epoch()
+    assert rows_in_epoch == 12
+    last_rank = packed(world=5, rank=4, batch=3)  # 12 rows on 5 ranks: 3 steps each, 3 marked repeats
+    batches = list(last_rank.loader())
+    assert [batch["is_padding"].tolist() for batch in batches] == [[False, False, True]]
+    assert (batches[0]["labels"][2] == -100).all() and not (batches[0]["labels"][0] == -100).all()
+    assert {len(list(packed(world=5, rank=rank, batch=3))) for rank in range(5)} == {3}
