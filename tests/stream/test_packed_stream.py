@@ -301,3 +301,39 @@ def test_padding_rows_even_out_the_ranks_and_teach_nothing() -> None:
     assert [batch["is_padding"].tolist() for batch in batches] == [[False, False, True]]
     assert (batches[0]["labels"][2] == -100).all() and not (batches[0]["labels"][0] == -100).all()
     assert {len(list(packed(world=5, rank=rank, batch=3))) for rank in range(5)} == {3}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    split=st.booleans(),
+    world=st.integers(1, 5),
+    batch=st.integers(1, 3),
+    resumed_world=st.integers(1, 5),
+    resumed_batch=st.integers(1, 3),
+    data=st.data(),
+)
+def test_any_resize_delivers_every_unconsumed_token_once_with_equal_steps(
+    split: bool, world: int, batch: int, resumed_world: int, resumed_batch: int, data: st.DataObject
+) -> None:
+    steps = -(-packed(world, 0, batch, split_records=split).remaining_length() // batch)
+    stop = data.draw(st.integers(0, steps), label="stop")
+    before = _rank_plans(world, batch, stop, None, split)
+    saver = packed(world, 0, batch, split_records=split)
+    list(islice(saver, stop * batch))
+    after = _rank_plans(resumed_world, resumed_batch, None, saver.state_dict(consumed_batches=stop), split)
+    assert len({len(plans) for plans in after}) == 1
+    assert sum((real_tokens(saver, plans) for plans in before + after), Counter()) == ALL_TOKENS
+
+
+def test_a_missing_token_field_and_an_empty_record_are_refused() -> None:
+    with pytest.raises(KeyError, match="tokens='ids': a record of shard '0' has no such field"):
+        PackedStream(make_stream(), 16, tokens="ids")
+
+    class WithAnEmptyRecord(TokenShards):
+        def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:
+            records = super().read(shard, start, stop)
+            return [{"input_ids": []} if shard == "1" and start + at == 2 else r for at, r in enumerate(records)]
+
+    stream = ShardedStream([str(i) for i in range(len(COUNTS))], WithAnEmptyRecord(COUNTS), batch_size=3)
+    with pytest.raises(ValueError, match="record 2 of shard '1' has 0 tokens in 'input_ids'"):
+        PackedStream(stream, 16)

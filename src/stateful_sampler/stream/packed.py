@@ -73,6 +73,12 @@ def record_lengths(stream: ShardedStream, tokens: str, cache: str | os.PathLike[
         if len(lengths) != count:
             raise ValueError(f"shard {shard!r} has {count} records, but {len(lengths)} lengths of {tokens!r} were read")
         lengths = lengths.astype(np.int64, copy=False)
+        if count and int(lengths.min()) < 1:
+            row = int(lengths.argmin())
+            raise ValueError(
+                f"record {row} of shard {shard!r} has {int(lengths[row])} tokens in {tokens!r}: a packed record needs "
+                f"at least 1 token, leave empty records out of the shards"
+            )
         if kept is not None and not kept.exists():
             partial = kept.with_suffix(f".{os.getpid()}.tmp.npy")
             np.save(partial, lengths)
