@@ -161,10 +161,9 @@ class ShardedStream(IterableDataset):
         return resolve_ranks(self.num_replicas, self._rank)[1]
 
     @property
-    def ranks_set(self) -> bool:
-        """Whether ``num_replicas`` or ``rank`` was given: a stream fed to an outer stage that deals the ranks
-        (``PackedStream``) must be built without them."""
-        return self._num_replicas is not None or self._rank is not None
+    def given_ranks(self) -> tuple[int | None, int | None]:
+        """The ``num_replicas`` and ``rank`` passed at construction (``None``: taken from the process group)."""
+        return self._num_replicas, self._rank
 
     def __getstate__(self) -> dict[str, Any]:
         """Workers started by spawn or forkserver have no process group: they get the ranks the

@@ -13,7 +13,7 @@ a window's shards kept.
 
 What a ``PackedStream`` uses of its source stream is small and public: ``shards``, ``counts``, ``reader``
 (``read(shard, start, stop)``, and ``lengths(shard, column)`` when it has one), ``order`` (its epoch order:
-``size`` and ``epoch(e).records(positions)``), ``seed``, ``ranks_set``, ``transform``, and ``set_epoch`` /
+``size`` and ``epoch(e).records(positions)``), ``seed``, ``given_ranks``, ``transform``, and ``set_epoch`` /
 ``state_dict`` / ``load_state_dict`` for the source's identity, which a saved state carries and a resume checks.
 """
 
@@ -186,7 +186,7 @@ class PackedStream(PackedRows):
     ) -> None:
         if not isinstance(stream, ShardedStream):
             raise TypeError(f"stream must be a ShardedStream, got {type(stream).__name__}")
-        if stream.ranks_set:
+        if stream.given_ranks != (None, None):
             raise ValueError(
                 "stream: a PackedStream deals its rows to the ranks, so its source stream must be built without "
                 "num_replicas and rank: build the ShardedStream without them and pass them to PackedStream"
