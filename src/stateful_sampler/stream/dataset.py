@@ -160,6 +160,11 @@ class ShardedStream(IterableDataset):
     def rank(self) -> int:
         return resolve_ranks(self.num_replicas, self._rank)[1]
 
+    @property
+    def given_ranks(self) -> tuple[int | None, int | None]:
+        """The ``num_replicas`` and ``rank`` passed at construction (``None``: taken from the process group)."""
+        return self._num_replicas, self._rank
+
     def __getstate__(self) -> dict[str, Any]:
         """Workers started by spawn or forkserver have no process group: they get the ranks the
         main process resolved when the DataLoader pickled the dataset for them."""

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
+import numpy as np
+
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.extras import missing_extra
 from stateful_sampler.stream.remote import StoredIdentity, open_shard, opened_identity, stored_identity
@@ -276,6 +278,19 @@ class ParquetReader:
     def read_span(self, shard: str, start: int, stop: int) -> ParquetSpan:
         """Rows ``start .. stop - 1`` decoded to columns; records are built as they are taken."""
         return ParquetSpan(self._table(shard, start, stop), self.stats)
+
+    def lengths(self, shard: str, column: str) -> np.ndarray:
+        """Each record's length of the list column ``column``, reading that column alone (``PackedStream`` plans
+        a shard's rows from them before it reads any record)."""
+        with _Parquet(shard, self.storage_options) as parquet:
+            self.stats.opened += 1
+            try:
+                values = parquet.read(columns=[column]).column(0)
+            except Exception as error:  # a missing column is ArrowInvalid or KeyError, a corrupt file OSError
+                raise ShardReadError(f"could not read column {column!r} of shard {shard!r}: {error}") from error
+        import pyarrow.compute as pc
+
+        return np.asarray(pc.list_value_length(values).to_numpy(zero_copy_only=False), dtype=np.int64)
 
     def _table(self, shard: str, start: int, stop: int) -> Any:
         """Rows ``start .. stop - 1`` as a ``pyarrow.Table``, reading the whole row groups they lie in."""

@@ -1,0 +1,267 @@
+"""``PackedStream``: a sharded stream's records packed into rows of ``seq_len`` tokens, exactly resumable and elastic.
+
+Composed of the pieces that already are: the stream's epoch order becomes a ``Strategy``
+(``order.stream_order.StreamOrder``), ``PackedRows`` packs that strategy's passes (split and cut, or whole
+records best-fit inside windows of the order), and ``PackedDataset`` turns each row plan into
+``input_ids`` / ``labels`` / ``position_ids`` and, collated, ``cu_seqlens``. So rows are what the sampler deals to
+ranks (equal steps, marked padding rows), a resume is the row sampler's O(window) anchor, and a resume at
+another world size, per-rank batch or worker count is the sampler's elastic resume.
+
+A row is planned from record lengths alone: each shard's token column is read for its lengths first (for
+parquet, that column only), then a row's records are read when a worker builds it, whole shards at a time,
+a window's shards kept.
+
+What a ``PackedStream`` uses of its source stream is small and public: ``shards``, ``counts``, ``reader``
+(``read(shard, start, stop)``, and ``lengths(shard, column)`` when it has one), ``order`` (its epoch order:
+``size`` and ``epoch(e).records(positions)``), ``seed``, ``given_ranks``, ``transform``, and ``set_epoch`` /
+``state_dict`` / ``load_state_dict`` for the source's identity, which a saved state carries and a resume checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader, Dataset
+
+from stateful_sampler.errors import IncompatibleStateError
+from stateful_sampler.order.stream_order import StreamOrder
+from stateful_sampler.packing.base import DEFAULT_WINDOW
+from stateful_sampler.packing.dataset import PackedDataset
+from stateful_sampler.packing.rows import PackedRows
+from stateful_sampler.stream.dataset import ShardedStream
+from stateful_sampler.stream.readers import ShardReader
+from stateful_sampler.stream.state import StreamState
+
+PACKED_STREAM_VERSION = 1
+_SOURCE_FIELDS = {"version", "source"}
+
+
+def record_lengths(stream: ShardedStream, tokens: str, cache: str | os.PathLike[str] | None = None) -> np.ndarray:
+    """Every record's token count, shards concatenated in the stream's order: the reader's
+    ``lengths(shard, column)`` where it has one (``ParquetReader`` reads the token column alone), else the
+    length of each record's ``tokens``. With ``cache`` (a folder), each shard's lengths are kept in a file named
+    by a hash of the shard's name, count, content identity (when the reader has one) and ``tokens``, and read
+    back from it, so that a resume reads no shard to plan its rows."""
+    reader = stream.reader
+    read_lengths = getattr(reader, "lengths", None)
+    folder = None if cache is None else Path(cache)
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+    identities = stream.identities
+    parts = []
+    for index, (shard, count) in enumerate(zip(stream.shards, stream.counts)):
+        kept = None
+        if folder is not None:
+            identity = "" if identities is None else identities[index]
+            key = hashlib.sha256(f"{shard}\0{count}\0{identity}\0{tokens}".encode()).hexdigest()[:32]
+            kept = folder / f"{key}.npy"
+        if kept is not None and kept.exists():
+            lengths = np.load(kept)
+        elif read_lengths is not None:
+            lengths = np.asarray(read_lengths(shard, tokens), dtype=np.int64).reshape(-1)
+        else:
+            lengths = np.array([len(tokens_of(record, tokens, shard)) for record in reader.read(shard, 0, count)])
+        if len(lengths) != count:
+            raise ValueError(f"shard {shard!r} has {count} records, but {len(lengths)} lengths of {tokens!r} were read")
+        lengths = lengths.astype(np.int64, copy=False)
+        if count and int(lengths.min()) < 1:
+            row = int(lengths.argmin())
+            raise ValueError(
+                f"record {row} of shard {shard!r} has {int(lengths[row])} tokens in {tokens!r}: a packed record needs "
+                f"at least 1 token, leave empty records out of the shards"
+            )
+        if kept is not None and not kept.exists():
+            partial = kept.with_suffix(f".{os.getpid()}.tmp.npy")
+            np.save(partial, lengths)
+            partial.replace(kept)  # whole or absent: a killed run leaves no half-written lengths
+        parts.append(lengths)
+    return np.concatenate(parts)
+
+
+def tokens_of(record: Any, tokens: str, shard: str) -> Any:
+    """The token sequence of one record: its ``tokens`` field (a record that is no mapping is its tokens)."""
+    if not isinstance(record, Mapping):
+        return record
+    if tokens not in record:
+        raise KeyError(f"tokens={tokens!r}: a record of shard {shard!r} has no such field (it has {sorted(record)})")
+    return record[tokens]
+
+
+class StreamRecords(Dataset):
+    """The stream's records by global index (shards concatenated in the order given), as token sequences.
+
+    Reads whole shards and keeps the last ``kept`` (a window's): the rows of one window of the order read
+    each of its shards once per worker."""
+
+    def __init__(
+        self, shards: Sequence[str], counts: Sequence[int], reader: ShardReader, tokens: str, kept: int
+    ) -> None:
+        self.shards = list(shards)
+        self.counts = [int(count) for count in counts]
+        self.reader = reader
+        self.tokens = tokens
+        self.kept = kept
+        self.offsets = np.concatenate(([0], np.cumsum(self.counts)))
+        self._held: OrderedDict[int, list[Any]] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_held": OrderedDict()}  # a worker reads its own shards
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, index: int) -> Any:
+        shard = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return self._shard(shard)[index - int(self.offsets[shard])]
+
+    def _shard(self, shard: int) -> list[Any]:
+        held = self._held.get(shard)
+        if held is not None:
+            self._held.move_to_end(shard)
+            return held
+        name = self.shards[shard]
+        held = [tokens_of(record, self.tokens, name) for record in self.reader.read(name, 0, self.counts[shard])]
+        self._held[shard] = held
+        if len(self._held) > self.kept:
+            self._held.popitem(last=False)
+        return held
+
+
+class PackedStream(PackedRows):
+    """Rows of ``seq_len`` tokens of a ``ShardedStream``'s records, in the stream's epoch order; this rank's share.
+
+    A ``PackedRows`` sampler over the stream's order (so everything it does holds: ranks, tails, elastic resume,
+    ``state_dict(consumed_batches=k)``, ``ResumableLoader``, ``SamplerCheckpoint``), with the dataset that builds
+    its rows from the stream's shards (``packed_dataset``, a ``PackedDataset``) and the loader over both (``loader()``).
+
+    Args:
+        stream: a ``ShardedStream`` built without ``num_replicas`` and ``rank`` (rows are dealt to ranks here)
+            and without a ``transform`` (rows are built from the records' tokens). Its seed is the rows' seed.
+        seq_len: tokens per row.
+        tokens: the record field holding each record's token ids (a list column, for parquet).
+        split_records: ``True``: the epoch's records concatenated and cut every ``seq_len`` tokens; ``False``:
+            whole records, best-fit decreasing inside windows of ``window`` positions of the stream's order.
+        truncate: with ``split_records=False``, keep the first ``seq_len`` tokens of a longer record instead of
+            refusing it.
+        window: positions of the stream's order planned together (the unit of packing and of a resume's cost).
+        batch_size: rows per batch on each rank.
+        num_replicas, rank, tail: as ``StatefulSampler``: ``tail="pad"`` evens out the ranks with marked
+            padding rows (labels all ``-100``, ``is_padding`` set).
+        attention, pad_id: as ``PackedDataset``.
+        lengths_cache: a folder where each shard's lengths are kept once read (see ``record_lengths``): a
+            restarted run plans its rows without reading the shards' token columns again.
+
+    Example:
+        >>> packed = PackedStream(stream, seq_len=256, batch_size=8)              # doctest: +SKIP
+        >>> loader = ResumableLoader(packed.loader(num_workers=2))                # doctest: +SKIP
+        >>> batch = next(iter(loader)); batch["input_ids"].shape                  # doctest: +SKIP
+        torch.Size([8, 256])
+    """
+
+    def __init__(
+        self,
+        stream: ShardedStream,
+        seq_len: int,
+        *,
+        tokens: str = "input_ids",
+        split_records: bool = True,
+        batch_size: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        tail: str = "pad",
+        truncate: bool = False,
+        window: int = DEFAULT_WINDOW,
+        attention: str = "varlen",
+        pad_id: int = 0,
+        lengths_cache: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if not isinstance(stream, ShardedStream):
+            raise TypeError(f"stream must be a ShardedStream, got {type(stream).__name__}")
+        if stream.given_ranks != (None, None):
+            raise ValueError(
+                "stream: a PackedStream deals its rows to the ranks, so its source stream must be built without "
+                "num_replicas and rank: build the ShardedStream without them and pass them to PackedStream"
+            )
+        if stream.transform is not None:
+            raise ValueError(
+                f"stream: its transform {stream.transform!r} would not be applied (rows are built from the records' "
+                f"{tokens!r}): build the ShardedStream without a transform"
+            )
+        if not isinstance(tokens, str):
+            raise TypeError(f"tokens must be the name of the records' token field, got {type(tokens).__name__}")
+        self.stream = stream
+        self.tokens = tokens
+        self.source = _source_identity(stream)
+        order = StreamOrder(stream.order, source=json.dumps(self.source, sort_keys=True))
+        super().__init__(
+            record_lengths(stream, tokens, lengths_cache),
+            seq_len,
+            split_records=split_records,
+            window=window,
+            seed=stream.seed,
+            num_replicas=num_replicas,
+            rank=rank,
+            tail=tail,
+            batch_size=batch_size,
+            truncate=truncate,
+            strategy=order,
+        )
+        records = StreamRecords(stream.shards, stream.counts, stream.reader, tokens, kept=stream.window + 1)
+        self.packed_dataset = PackedDataset(records, self, attention=attention, pad_id=pad_id)
+
+    def loader(self, **kwargs: Any) -> DataLoader:
+        """The ``DataLoader`` of collated rows: this sampler, its ``packed_dataset`` and that dataset's ``collate``. Takes
+        ``DataLoader``'s other arguments (``num_workers``, ...); ``batch_size`` defaults to this sampler's, and
+        one that contradicts it is refused.
+
+        Example:
+            >>> loader = packed.loader(num_workers=2)  # doctest: +SKIP
+        """
+        for name in ("sampler", "batch_sampler", "shuffle", "collate_fn"):
+            if kwargs.get(name) not in (None, False):
+                raise ValueError(f"{name}: a PackedStream's loader sets it itself, leave {name} unset")
+            kwargs.pop(name, None)
+        batch_size = kwargs.pop("batch_size", self.batch_size)
+        if batch_size is None:
+            raise ValueError("batch_size: pass PackedStream(..., batch_size=B) or loader(batch_size=B)")
+        if self.batch_size is None:
+            self.batch_size = batch_size
+        elif batch_size != self.batch_size:
+            raise ValueError(f"batch_size={batch_size} contradicts PackedStream(..., batch_size={self.batch_size})")
+        return DataLoader(
+            self.packed_dataset, sampler=self, batch_size=batch_size, collate_fn=self.packed_dataset.collate, **kwargs
+        )
+
+    def extra_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """The row anchor, and the source stream's identity (``stream``), which a resume checks first."""
+        return {**super().extra_state(state), "stream": {"version": PACKED_STREAM_VERSION, "source": self.source}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue a saved state in O(window); another source stream (a shard changed, added or removed, another
+        seed or window) is refused by the stream itself, naming the shard."""
+        if not isinstance(state, Mapping):
+            raise IncompatibleStateError("state", type(state).__name__, "a dict from PackedStream.state_dict()")
+        state = dict(state)
+        saved = state.pop("stream", "<missing>")
+        if not isinstance(saved, Mapping) or set(saved) != _SOURCE_FIELDS:
+            raise IncompatibleStateError(
+                "stream", saved, f"a dict with {sorted(_SOURCE_FIELDS)}", "not a state of PackedStream.state_dict()"
+            )
+        if saved["version"] != PACKED_STREAM_VERSION:
+            raise IncompatibleStateError("stream.version", saved["version"], PACKED_STREAM_VERSION)
+        copy.copy(self.stream).load_state_dict(dict(saved["source"]))  # refuses another stream, naming the field
+        super().load_state_dict(state)
+
+
+def _source_identity(stream: ShardedStream) -> dict[str, Any]:
+    """The source stream's state at epoch 0, position 0: its identity, whatever its own cursor is."""
+    return dataclasses.replace(StreamState.from_dict(stream.state_dict()), epoch=0, position=0).to_dict()
