@@ -19,8 +19,9 @@ settings.load_profile(PROFILE)
 settings.register_profile("fast", parent=settings.get_profile(PROFILE), max_examples=10)
 
 
-# The longest files (one or a few long multi-process runs each, from `pytest -m slow --durations`), started first
-# in this order: by their count of slow tests they would start late, and the last of them run alone at the end.
+# The longest files, started first in this order (from `pytest --durations`): the slow pass's few long multi-process
+# runs, then the files of the longest tests not marked slow (their hypothesis budgets). By their count of tests
+# they would start late, and the last of them run alone at the end of its pass, the other worker idle.
 LONGEST = (
     "integrations/test_ray.py",
     "docs/test_examples.py",
@@ -28,6 +29,12 @@ LONGEST = (
     "verify/test_verify_resize.py",
     "certificate/test_certificate_kills.py",
     "integrations/test_dcp.py",
+    "core/test_sampler_resume.py",
+    "lightning/test_callback_resume.py",
+    "core/test_twin_loader.py",
+    "docs/test_code_blocks.py",
+    "core/test_resume_model.py",
+    "core/test_sampler_contracts.py",
 )
 
 
