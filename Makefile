@@ -1,14 +1,16 @@
 # `make demo` and `make test` each do all the set-up on a fresh machine: a virtualenv in .venv,
 # torch 2.13.0 first (the CPU build on this machine's disk; resolving torch freely pulls a CUDA
-# build of several GB), then the project with every extra.
+# build of several GB), then the project with every extra. --no-compile: pip would byte-compile every file it
+# installs (all of torch, transformers, ray: about half the install's CPU time); each process compiles and caches
+# only what it imports.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[all,dev]"
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e ".[all,dev]"
 	touch $(STAMP)
 
 .PHONY: install demo test test-fast bench bench-full bench-venv
@@ -18,18 +20,21 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # The suite's test files on TEST_WORKERS processes (pytest-xdist), each file on one worker (its module
-# fixtures run once), in the order of tests/conftest.py: the files with the most slow tests first.
+# fixtures run once), in the order of tests/conftest.py: the longest files first.
 # --no-loadscope-reorder keeps that order (pytest-xdist would hand the files out by test count, and a
 # long file with few tests would start last, the other worker idle).
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
+# The whole suite, each test once: first every test not marked slow (at its full hypothesis budget), then, only
+# if they all pass, the slow ones (multi-process, SIGKILL, framework launches): a broken build fails in minutes.
 test: $(STAMP)
-	$(PY) -m pytest $(XDIST)
+	$(PY) -m pytest $(XDIST) -m "not slow"
+	$(PY) -m pytest $(XDIST) -m slow
 
 # The inner loop (its budget: 3 minutes on 2 cores): every test not marked slow (each module's unit, property and
 # twin tests; the multi-process, SIGKILL and framework-launch tests are the slow ones), with a tenth of
-# each hypothesis budget (the fast profile, tests/helpers.py: scaled_examples). .ci/run runs it first.
+# each hypothesis budget (the fast profile, tests/helpers.py: scaled_examples).
 test-fast: $(STAMP)
 	$(PY) -m pytest $(XDIST) -m "not slow" --hypothesis-profile fast
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -18,13 +19,37 @@ settings.load_profile(PROFILE)
 settings.register_profile("fast", parent=settings.get_profile(PROFILE), max_examples=10)
 
 
+# The longest files, started first in this order (from `pytest --durations`): the slow pass's few long multi-process
+# runs, then the files of the longest tests not marked slow (their hypothesis budgets). By their count of tests
+# they would start late, and the last of them run alone at the end of its pass, the other worker idle.
+LONGEST = (
+    "integrations/test_ray.py",
+    "docs/test_examples.py",
+    "docs/test_release.py",
+    "verify/test_verify_resize.py",
+    "certificate/test_certificate_kills.py",
+    "integrations/test_dcp.py",
+    "core/test_sampler_resume.py",
+    "lightning/test_callback_resume.py",
+    "core/test_twin_loader.py",
+    "docs/test_code_blocks.py",
+    "core/test_resume_model.py",
+    "core/test_sampler_contracts.py",
+)
+
+
 @pytest.hookimpl(trylast=True)  # after -m has deselected: the order is of the tests that run
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with the most slow (multi-process) tests first, then those with the most tests, each
-    file's tests in their own order. ``make test`` runs the files on 2 workers (``pytest -n 2 --dist
-    loadfile --no-loadscope-reorder``: pytest-xdist would otherwise hand them out by test count),
-    in this order: the long files start first and the short ones fill in at the end, instead of a
+    """The longest files first (``LONGEST``), then the files with the most slow (multi-process) tests, then
+    those with the most tests, each file's tests in their own order. ``make test`` runs the files on 2 workers
+    (``pytest -n 2 --dist loadfile --no-loadscope-reorder``: pytest-xdist would otherwise hand them out by test
+    count), in this order: the long files start first and the short ones fill in at the end, instead of a
     long file starting last while the other worker has nothing left to do."""
+    tests_root = Path(__file__).parent
+    longest = {tests_root / name: rank for rank, name in enumerate(LONGEST)}
+    missing = [name for name in LONGEST if not (tests_root / name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST names files that do not exist: {missing}")
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     tests = Counter(item.path for item in items)
-    items.sort(key=lambda item: (-slow[item.path], -tests[item.path]))  # stable: a file stays together, in order
+    items.sort(key=lambda item: (longest.get(item.path, len(LONGEST)), -slow[item.path], -tests[item.path]))

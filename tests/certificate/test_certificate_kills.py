@@ -4,6 +4,7 @@ certificate switched on by ``STATEFUL_SAMPLER_CERTIFICATE`` and compared with ``
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,15 @@ def test_three_kills_and_a_resize_certify_the_uninterrupted_data(tmp_path: Path)
     phase(plain, tmp_path / "plain.pt", 2)
     killed, checkpoint = tmp_path / "killed.cert", tmp_path / "killed.pt"
     phase(killed, checkpoint, 2, pause_at=5)  # checkpoint after step 3; steps 3 and 4 are trained again
+    # The broken run's first launch would be this one again (the same run, deterministic): start it from a copy.
+    broken, broken_checkpoint = tmp_path / "broken.cert", tmp_path / "broken.pt"
+    for path in (checkpoint, *tmp_path.glob("killed.cert.rank*")):
+        shutil.copy(path, tmp_path / path.name.replace("killed", "broken"))
+    assert sorted(path.name for path in tmp_path.glob("broken.*")) == [
+        "broken.cert.rank0",
+        "broken.cert.rank1",
+        "broken.pt",
+    ]
     phase(killed, checkpoint, 2, pause_at=5)  # resumed at step 3, checkpoint after step 6 (epoch 0, position 36)
     phase(killed, checkpoint, 1, pause_at=7)  # resized to 1 rank mid-epoch; checkpoint after step 12
     phase(killed, checkpoint, 1)
@@ -77,8 +87,6 @@ def test_three_kills_and_a_resize_certify_the_uninterrupted_data(tmp_path: Path)
     assert "epoch 0: 2 x 3 vs 2 x 3 -> 1 x 3, epoch 1: 2 x 3 vs 1 x 3" in result.stdout
     assert "3 resumes, world size 2 -> 1" in result.stdout
 
-    broken, broken_checkpoint = tmp_path / "broken.cert", tmp_path / "broken.pt"
-    phase(broken, broken_checkpoint, 2, pause_at=5)
     phase(broken, broken_checkpoint, 2, restore=False)  # the model comes back, the data position does not
     result = certificate_compare(plain, broken)
     assert result.returncode == 1, result.stdout + result.stderr
