@@ -79,13 +79,18 @@ def chain(previous: bytes, step: int, epoch: int, before: int, after: int, keys:
     return hashlib.blake2b(previous + _FIELDS.pack(step, epoch, before, after) + keys, digest_size=16).digest()
 
 
-def step_record(step: int, epoch: int, before: int, after: int, keys: bytes, last: bool, digest: bytes,
-                capacity: int) -> bytes:  # fmt: skip
-    """A step's bytes (``keys``: its uint64 keys' bytes): ``step_size(capacity)`` of them whatever its key count."""
+_COUNTS = struct.Struct("<III")  # count, capacity, flags: _STEP is _FIELDS, _COUNTS and the digest
+
+
+def step_record(previous: bytes, step: int, epoch: int, before: int, after: int, keys: bytes, last: bool,
+                capacity: int) -> tuple[bytes, bytes]:  # fmt: skip
+    """A step's bytes (``keys``: its uint64 keys' bytes), ``step_size(capacity)`` of them whatever its key
+    count, and its link of the chain from ``previous`` (``chain``, the step fields packed once for both)."""
     count = len(keys) // 8
-    flags = _LAST_OF_EPOCH if last else 0
-    fixed = STEP_TAG + _STEP.pack(step, epoch, before, after, count, capacity, flags, digest)
-    return fixed + keys + _UNUSED_BYTES * (capacity - count)
+    fields = _FIELDS.pack(step, epoch, before, after)
+    digest = hashlib.blake2b(previous + fields + keys, digest_size=16).digest()
+    counts = _COUNTS.pack(count, capacity, _LAST_OF_EPOCH if last else 0)
+    return b"".join((STEP_TAG, fields, counts, digest, keys, _UNUSED_BYTES * (capacity - count))), digest
 
 
 def step_size(capacity: int) -> int:

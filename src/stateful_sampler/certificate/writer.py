@@ -1,16 +1,18 @@
-"""The writer: follows a process's ``ResumableLoader`` through the core's hooks and appends its steps.
+"""The writer: follows a process's training loader through the core's hooks and appends its steps.
 
-It follows the first ``StatefulSampler`` whose pass starts in the process (the training loader's; a
-second loader, such as a validation loader, is not recorded). At each pass start it takes the pass's
-layout; at each batch the loop receives, it computes the batch's records from the sampler's public
-order pieces (``sampler.layout()``, ``PassRecords`` on the sampler's strategy, order, seed and size) for a
-block of batches at a time, so a step costs a slice, a hash and a copy into the file's memory map. A step
-is in the kernel's page cache once copied, so a ``kill -9`` loses none, whichever rank takes the checkpoint.
+It follows the first ``StatefulSampler`` whose batch the training loop receives: through a
+``ResumableLoader``'s batch hook, or ``SamplerCheckpoint``'s trainer observer (``certificate.trainer``),
+which reports Lightning's train batches only (a validation loader is not recorded). At a pass's first step it
+takes the pass's layout (``sampler.pass_layout``); each step's records come from the block of the order the
+sampler itself drew (``sampler.drawn_records``), or, when the sampler no longer holds it, from the order's
+public pieces (``PassRecords`` on its strategy, order, seed and size) a block of batches at a time. So a step
+costs a slice, a hash and a copy into the file's memory map. A step is in the kernel's page cache once copied,
+so a ``kill -9`` loses none, whichever rank takes the checkpoint.
 
 A process's first pass writes its start record: fresh (step 0, or the file was empty), resumed (a
-``ResumableLoader.load_state_dict`` came first: the step after the one that ended at the loaded position),
-or continued without the loader state restored (appended to a certificate after its latest checkpoint,
-and marked so: the run then differs from one that restored it).
+``ResumableLoader.load_state_dict`` came first, or the sampler's first pass here begins past the start: the
+step after the one that ended at that position), or continued without the loader state restored (appended
+to a certificate after its latest checkpoint, and marked so: the run then differs from one that restored it).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from stateful_sampler.certificate.format import (
     PADDING_BIT,
     ZERO_DIGEST,
     RankFile,
-    chain,
     meta_record,
     rank_files,
     rank_path,
@@ -47,11 +48,12 @@ from stateful_sampler.state import IDENTITY_FIELDS
 _BLOCK_BATCHES = 64  # batches whose records are computed in one NumPy call
 _MIN_BLOCK = 4096
 _CHUNK = 1 << 20  # bytes the file's memory map grows by: about 1,800 steps of 64 keys
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: map the pages when mapping, not at each first write
 
 
 class CertificateWriter:
     """Appends one process's steps to the certificate ``prefix`` (its rank's file ``prefix.rank{r}``), of
-    ``order`` (a ``StatefulSampler``; default: the first whose pass starts in the process)."""
+    ``order`` (a ``StatefulSampler``; default: the first whose batch the training loop receives)."""
 
     def __init__(self, prefix: str | os.PathLike[str], order: StatefulSampler | None = None) -> None:
         self.prefix = Path(prefix)
@@ -59,10 +61,11 @@ class CertificateWriter:
         self._records: PassRecords | None = None
         if order is not None:
             self._follow(order)
-        self._layout: EpochLayout | None = None
+        self._layout: EpochLayout | None = None  # the pass under way's, from where it began
         self._block: tuple[int, int, bytes] | None = None  # local start, stop, the keys' bytes
-        self._per_batch = 0  # records per batch of the pass under way (0: not read yet)
+        self._per_batch = 1  # records per batch of the pass under way
         self._facts = (0, 0, 1, 0, 0, 0)  # the pass's epoch, rank, world size, segment start, length, local length
+        self._consumed = 0  # batches of the pass under way written
         self._file: MappedAppend | None = None
         self._capacity = 1
         self._next_step = 0
@@ -79,45 +82,30 @@ class CertificateWriter:
             self._pending_resume = sampler_state
 
     def pass_started(self, order: Any) -> None:
-        if self._sampler is None:
-            if not isinstance(order, StatefulSampler):
-                self._warn_once(order)
-                return
-            self._follow(order)
-        sampler = self._sampler
-        if order is not sampler or sampler is None:
-            return
-        layout = self._layout = sampler.layout()
-        self._block, self._per_batch, rank = None, 0, sampler.rank
-        self._facts = (layout.epoch, rank, layout.world_size, layout.segment_start, layout.length,
-                       layout.local_length(rank))  # fmt: skip
-        if self._file is None or self._pending_resume is not None:
-            self._start(sampler)
+        """Only says when an order the certificate cannot follow is the first to start a pass."""
+        if self._sampler is None and not isinstance(order, StatefulSampler):
+            self._warn_once(order)
 
     def batch(self, loader: Any, batch: Any, consumed: int) -> None:
-        """One step: its keys' bytes sliced from the block, chained and copied into the file, in a few µs."""
-        layout, file = self._layout, self._file
-        if layout is None or file is None or loader.sampler is not self._sampler:
-            return
-        if not self._per_batch:  # read once a pass: the loader's batch size is a walk through its wrappers
-            self._per_batch = loader.batch_size or 1
-        epoch, rank, world_size, segment_start, length, local_length = self._facts
-        start = (consumed - 1) * self._per_batch
-        stop = min(start + self._per_batch, local_length)
-        keys = self._keys(layout, rank, start, stop)
-        # layout.position_after(rank, count), inlined: the step's global positions before and after it
-        before = length if start >= local_length and start > 0 else segment_start + start * world_size
-        after = length if stop >= local_length and stop > 0 else segment_start + stop * world_size
-        step = self._next_step
-        self._digest = digest = chain(self._digest, step, epoch, before, after, keys)
-        file.write(step_record(step, epoch, before, after, keys, after == length, digest, self._capacity))
-        self._next_step = step + 1
-        self._position = (epoch, after)
+        """One step of a ``ResumableLoader``, the ``consumed``-th of its pass."""
+        order = loader.sampler
+        if order is self._sampler or (self._sampler is None and isinstance(order, StatefulSampler)):
+            self._step(order, consumed, loader)
+
+    def trained(self, order: StatefulSampler) -> None:
+        """One step of ``order``'s pass that a loop without a ``ResumableLoader`` (Lightning's) trained on."""
+        if order is self._sampler or self._sampler is None:
+            self._step(order, self._consumed + 1 if order.pass_layout is self._layout else 1, order)
 
     def state_taken(self, loader: Any, consumed: int) -> None:
         """A checkpoint is being taken: record where, so that a process restarted without restoring the
         loader state is placed after it."""
-        if loader.sampler is not self._sampler or self._file is None:
+        if loader.sampler is self._sampler:
+            self.checkpoint_taken()
+
+    def checkpoint_taken(self) -> None:
+        """Record a checkpoint of the state after the last step written."""
+        if self._file is None:
             return
         epoch, position = self._position
         entry = {"kind": "checkpoint", "step": self._next_step, "epoch": epoch, "position": position,
@@ -131,6 +119,40 @@ class CertificateWriter:
 
     # -- the pieces
 
+    def _step(self, order: StatefulSampler, consumed: int, batched: Any) -> None:
+        """One step: its keys' bytes sliced from the block, chained and copied into the file, in a few µs.
+        ``batched`` (the loader, or the sampler) says the batch size, read once a pass: a loader's is a walk
+        through its wrappers."""
+        layout = order.pass_layout
+        if layout is None:
+            return
+        if layout is not self._layout:
+            self._pass_began(order, layout, batched.batch_size)
+        file = self._file
+        assert file is not None  # _pass_began opened it
+        epoch, rank, world_size, segment_start, length, local_length = self._facts
+        start = (consumed - 1) * self._per_batch
+        stop = min(start + self._per_batch, local_length)
+        keys = self._keys(layout, rank, start, stop)
+        # layout.position_after(rank, count), inlined: the step's global positions before and after it
+        before = length if start >= local_length and start > 0 else segment_start + start * world_size
+        after = length if stop >= local_length and stop > 0 else segment_start + stop * world_size
+        step = self._next_step
+        record, self._digest = step_record(self._digest, step, epoch, before, after, keys, after == length,
+                                           self._capacity)  # fmt: skip
+        file.write(record)
+        self._next_step, self._consumed, self._position = step + 1, consumed, (epoch, after)
+
+    def _pass_began(self, order: StatefulSampler, layout: EpochLayout, batch_size: int | None) -> None:
+        """The first step of a pass: take its layout, and write the process's start record if it is due."""
+        if self._sampler is None:
+            self._follow(order)
+        self._layout, self._block, self._per_batch, rank = layout, None, batch_size or 1, order.rank
+        self._facts = (layout.epoch, rank, layout.world_size, layout.segment_start, layout.length,
+                       layout.local_length(rank))  # fmt: skip
+        if self._file is None or self._pending_resume is not None:
+            self._start(order)
+
     def _follow(self, order: StatefulSampler) -> None:
         if not isinstance(order, StatefulSampler):
             raise TypeError(f"a certificate follows a StatefulSampler, got {type(order).__name__}")
@@ -138,21 +160,31 @@ class CertificateWriter:
         self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
 
     def _keys(self, layout: EpochLayout, rank: int, start: int, stop: int) -> bytes:
-        """The bytes of this rank's records at its local positions [start, stop) of the pass, padding marked."""
+        """The bytes of this rank's records at its local positions [start, stop) of the pass, padding marked:
+        from the block the sampler drew when it still holds it, else from the order's arithmetic, a block of
+        batches at a time."""
         block = self._block
         if block is None or not block[0] <= start <= stop <= block[1]:
-            block_stop = min(max(stop, start + max(_BLOCK_BATCHES * (stop - start), _MIN_BLOCK)),
-                             layout.local_length(rank))  # fmt: skip
-            positions = layout.global_positions(rank, start, block_stop)
+            drawn = self._sampler.drawn_records(layout, start)  # type: ignore[union-attr]
+            if drawn is not None and stop <= drawn[0] + drawn[1].size:
+                block_start, records = drawn[0], drawn[1].astype(np.uint64)
+            else:
+                block_start = start
+                block_stop = min(max(stop, start + max(_BLOCK_BATCHES * (stop - start), _MIN_BLOCK)),
+                                 layout.local_length(rank))  # fmt: skip
+                positions = layout.global_positions(rank, start, block_stop)
+                records = self._records(layout.epoch, layout.pass_offsets(positions)).astype(np.uint64)  # type: ignore[misc]
+            positions = layout.global_positions(rank, block_start, block_start + records.size)
             offsets = layout.pass_offsets(positions)
-            records = self._records(layout.epoch, offsets).astype(np.uint64)  # type: ignore[misc]
             padding = layout.is_padding(positions) | self._records.repeats(layout.epoch, offsets)  # type: ignore[union-attr]
             records[padding] |= PADDING_BIT
-            block = self._block = (start, block_stop, records.tobytes())
+            block = self._block = (block_start, block_start + records.size, records.tobytes())
         return block[2][8 * (start - block[0]) : 8 * (stop - block[0])]
 
     def _start(self, order: StatefulSampler) -> None:
-        """Open this rank's file (cutting a torn tail) and write the process's start record."""
+        """Open this rank's file (cutting a torn tail) and write the process's start record. A sampler that
+        begins its first pass in this process past its epoch's start was restored by something other than
+        a ``ResumableLoader`` (``SamplerCheckpoint``, ``load_state_dict`` on the sampler): a resume from there."""
         rank, world_size = order.rank, order.num_replicas
         path = rank_path(self.prefix, rank)
         if self._file is None:
@@ -163,6 +195,10 @@ class CertificateWriter:
         else:  # a second start in this process (a later load): the file is ours, its mapped tail included
             own = read_rank_file(path)
         resumed, self._pending_resume = self._pending_resume, None
+        layout = self._layout
+        begins_later = layout is not None and (layout.epoch, layout.segment_start) != (0, 0)
+        if resumed is None and self._next_step == 0 and begins_later and _recorded(self.prefix, own, rank):
+            resumed = {"epoch": layout.epoch, "position": layout.segment_start}  # type: ignore[union-attr]
         found = True
         if resumed is not None:
             files = _readable_files(self.prefix, own, rank)
@@ -233,11 +269,15 @@ class MappedAppend:
         self._offset = end
 
     def _grow(self, end: int) -> None:
+        """Map the file a chunk further, its blocks allocated and its pages mapped up front: a first write to a
+        page of a sparse file's map faults, allocates and costs several µs, about 7 times a step's own copy."""
         if self._map is not None:
             self._map.close()
         self._size = end + _CHUNK
         os.ftruncate(self._descriptor, self._size)
-        self._map = mmap.mmap(self._descriptor, self._size)
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(self._descriptor, self._offset, self._size - self._offset)
+        self._map = mmap.mmap(self._descriptor, self._size, flags=mmap.MAP_SHARED | _POPULATE)
 
     def close(self) -> None:
         if self._map is not None:
@@ -254,6 +294,13 @@ def _open_for_append(path: Path) -> RankFile | None:
     if own.valid_length < path.stat().st_size:
         os.truncate(path, own.valid_length)
     return own
+
+
+def _recorded(prefix: Path, own: RankFile | None, rank: int) -> bool:
+    """Whether the certificate holds anything yet: a segment of this rank's, or another rank's file."""
+    return (own is not None and bool(own.segments)) or any(
+        path != rank_path(prefix, rank) for path in rank_files(prefix)
+    )
 
 
 def _readable_files(prefix: Path, own: RankFile | None, rank: int) -> list[RankFile]:
