@@ -66,6 +66,7 @@ class CertificateWriter:
         self._per_batch = 1  # records per batch of the pass under way
         self._facts = (0, 0, 1, 0, 0, 0)  # the pass's epoch, rank, world size, segment start, length, local length
         self._consumed = 0  # batches of the pass under way written
+        self._stream_pass: tuple[int, int] = (-1, 0)  # a stream's pass under way: its epoch and origin
         self._file: MappedAppend | None = None
         self._capacity = 1
         self._next_step = 0
@@ -83,14 +84,17 @@ class CertificateWriter:
 
     def pass_started(self, order: Any) -> None:
         """Only says when an order the certificate cannot follow is the first to start a pass."""
-        if self._sampler is None and not isinstance(order, StatefulSampler):
+        if self._sampler is None and not _followable(order):
             self._warn_once(order)
 
     def batch(self, loader: Any, batch: Any, consumed: int) -> None:
         """One step of a ``ResumableLoader``, the ``consumed``-th of its pass."""
         order = loader.sampler
-        if order is self._sampler or (self._sampler is None and isinstance(order, StatefulSampler)):
-            self._step(order, consumed, loader)
+        if order is self._sampler or (self._sampler is None and _followable(order)):
+            if isinstance(order, StatefulSampler):
+                self._step(order, consumed, loader)
+            else:
+                self._stream_step(order, consumed, loader)
 
     def trained(self, order: StatefulSampler) -> None:
         """One step of ``order``'s pass that a loop without a ``ResumableLoader`` (Lightning's) trained on."""
@@ -128,8 +132,6 @@ class CertificateWriter:
             return
         if layout is not self._layout:
             self._pass_began(order, layout, batched.batch_size)
-        file = self._file
-        assert file is not None  # _pass_began opened it
         epoch, rank, world_size, segment_start, length, local_length = self._facts
         start = (consumed - 1) * self._per_batch
         stop = min(start + self._per_batch, local_length)
@@ -137,34 +139,64 @@ class CertificateWriter:
         # layout.position_after(rank, count), inlined: the step's global positions before and after it
         before = length if start >= local_length and start > 0 else segment_start + start * world_size
         after = length if stop >= local_length and stop > 0 else segment_start + stop * world_size
+        self._write(keys, epoch, before, after, after == length, consumed)
+
+    def _stream_step(self, stream: Any, consumed: int, loader: Any) -> None:
+        """One step of a ``ShardedStream``'s pass: a pass is told apart by its epoch and origin, or by its count
+        starting again."""
+        if not stream.pass_begun:
+            return
+        identity = (stream.epoch, stream.position)
+        if identity != self._stream_pass or consumed <= self._consumed:
+            self._stream_pass = identity
+            self._pass_began(stream, stream.layout(), loader.batch_size)
+        epoch, _, world_size, origin, size, local_length = self._facts
+        start = (consumed - 1) * self._per_batch
+        stop = min(start + self._per_batch, local_length)
+        keys = self._keys(self._layout, stream.rank, start, stop)  # type: ignore[arg-type]
+        before = size if start >= local_length else origin + start * world_size  # StreamLayout.position_after
+        after = size if stop >= local_length else origin + stop * world_size
+        self._write(keys, epoch, before, after, after == size, consumed)
+
+    def _write(self, keys: bytes, epoch: int, before: int, after: int, last: bool, consumed: int) -> None:
         step = self._next_step
-        record, self._digest = step_record(self._digest, step, epoch, before, after, keys, after == length,
-                                           self._capacity)  # fmt: skip
-        file.write(record)
+        record, self._digest = step_record(self._digest, step, epoch, before, after, keys, last, self._capacity)
+        self._file.write(record)  # type: ignore[union-attr]
         self._next_step, self._consumed, self._position = step + 1, consumed, (epoch, after)
 
-    def _pass_began(self, order: StatefulSampler, layout: EpochLayout, batch_size: int | None) -> None:
+    def _pass_began(self, order: Any, layout: Any, batch_size: int | None) -> None:
         """The first step of a pass: take its layout, and write the process's start record if it is due."""
         if self._sampler is None:
             self._follow(order)
         self._layout, self._block, self._per_batch, rank = layout, None, batch_size or 1, order.rank
-        self._facts = (layout.epoch, rank, layout.world_size, layout.segment_start, layout.length,
-                       layout.local_length(rank))  # fmt: skip
+        if isinstance(layout, EpochLayout):
+            self._facts = (layout.epoch, rank, layout.world_size, layout.segment_start, layout.length,
+                           layout.local_length(rank))  # fmt: skip
+        else:  # a stream's StreamLayout: one epoch's deal from its origin, the same on every rank
+            self._facts = (order.epoch, rank, layout.world_size, layout.origin, layout.size, layout.local_length)
         if self._file is None or self._pending_resume is not None:
             self._start(order)
 
-    def _follow(self, order: StatefulSampler) -> None:
-        if not isinstance(order, StatefulSampler):
-            raise TypeError(f"a certificate follows a StatefulSampler, got {type(order).__name__}")
+    def _follow(self, order: Any) -> None:
+        if not _followable(order):
+            raise TypeError(f"a certificate follows a StatefulSampler or a ShardedStream, got {type(order).__name__}")
         self._sampler = order
-        self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
+        if isinstance(order, StatefulSampler):
+            self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
 
     def _keys(self, layout: EpochLayout, rank: int, start: int, stop: int) -> bytes:
         """The bytes of this rank's records at its local positions [start, stop) of the pass, padding marked:
         from the block the sampler drew when it still holds it, else from the order's arithmetic, a block of
         batches at a time."""
         block = self._block
-        if block is None or not block[0] <= start <= stop <= block[1]:
+        if (block is None or not block[0] <= start <= stop <= block[1]) and not isinstance(layout, EpochLayout):
+            block_stop = min(max(stop, start + _MIN_BLOCK), self._facts[5])
+            epoch, origin = self._stream_pass
+            indices, padding = self._sampler.global_records(epoch, origin, start, block_stop)  # type: ignore[union-attr]
+            records = indices.astype(np.uint64)
+            records[padding] |= PADDING_BIT
+            block = self._block = (start, block_stop, records.tobytes())
+        elif block is None or not block[0] <= start <= stop <= block[1]:
             drawn = self._sampler.drawn_records(layout, start)  # type: ignore[union-attr]
             if drawn is not None and stop <= drawn[0] + drawn[1].size:
                 block_start, records = drawn[0], drawn[1].astype(np.uint64)
@@ -181,7 +213,7 @@ class CertificateWriter:
             block = self._block = (block_start, block_start + records.size, records.tobytes())
         return block[2][8 * (start - block[0]) : 8 * (stop - block[0])]
 
-    def _start(self, order: StatefulSampler) -> None:
+    def _start(self, order: Any) -> None:
         """Open this rank's file (cutting a torn tail) and write the process's start record. A sampler that
         begins its first pass in this process past its epoch's start was restored by something other than
         a ``ResumableLoader`` (``SamplerCheckpoint``, ``load_state_dict`` on the sampler): a resume from there."""
@@ -195,10 +227,9 @@ class CertificateWriter:
         else:  # a second start in this process (a later load): the file is ours, its mapped tail included
             own = read_rank_file(path)
         resumed, self._pending_resume = self._pending_resume, None
-        layout = self._layout
-        begins_later = layout is not None and (layout.epoch, layout.segment_start) != (0, 0)
-        if resumed is None and self._next_step == 0 and begins_later and _recorded(self.prefix, own, rank):
-            resumed = {"epoch": layout.epoch, "position": layout.segment_start}  # type: ignore[union-attr]
+        epoch, origin = self._facts[0], self._facts[3]
+        if resumed is None and self._next_step == 0 and (epoch, origin) != (0, 0) and _recorded(self.prefix, own, rank):
+            resumed = {"epoch": epoch, "position": origin}
         found = True
         if resumed is not None:
             files = _readable_files(self.prefix, own, rank)
@@ -214,7 +245,7 @@ class CertificateWriter:
             chain_from = self._digest  # a load later in this process, at the step it was at
         else:
             chain_from = previous.digest if previous is not None else ZERO_DIGEST
-        self._capacity = order.batch_size or 1
+        self._capacity = order.batch_size or self._per_batch
         state = order.state_after(0)
         start = {
             "kind": "start",
@@ -227,7 +258,7 @@ class CertificateWriter:
             "continued": resumed is None and own is not None and bool(own.segments),
             "resumed_from": None if resumed is None else {"epoch": resumed["epoch"], "position": resumed["position"]},
             "resume_found": found,
-            "identity": {name: state[name] for name in IDENTITY_FIELDS if name in state},
+            "identity": {"seed": order.seed, **{name: state[name] for name in IDENTITY_FIELDS if name in state}},
             "chain_from": chain_from.hex(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -294,6 +325,12 @@ def _open_for_append(path: Path) -> RankFile | None:
     if own.valid_length < path.stat().st_size:
         os.truncate(path, own.valid_length)
     return own
+
+
+def _followable(order: Any) -> bool:
+    """A ``StatefulSampler``, or a ``ShardedStream`` (told by its public ``global_records``: the stream
+    package is not imported for a run that has none)."""
+    return isinstance(order, StatefulSampler) or callable(getattr(order, "global_records", None))
 
 
 def _recorded(prefix: Path, own: RankFile | None, rank: int) -> bool:
