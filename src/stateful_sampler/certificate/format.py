@@ -79,18 +79,23 @@ def chain(previous: bytes, step: int, epoch: int, before: int, after: int, keys:
     return hashlib.blake2b(previous + _FIELDS.pack(step, epoch, before, after) + keys, digest_size=16).digest()
 
 
-_COUNTS = struct.Struct("<III")  # count, capacity, flags: _STEP is _FIELDS, _COUNTS and the digest
+_RECORD_HEAD = struct.Struct("<cQQQQIII16s")  # the tag, then _STEP
 
 
-def step_record(previous: bytes, step: int, epoch: int, before: int, after: int, keys: bytes, last: bool,
-                capacity: int) -> tuple[bytes, bytes]:  # fmt: skip
-    """A step's bytes (``keys``: its uint64 keys' bytes), ``step_size(capacity)`` of them whatever its key
-    count, and its link of the chain from ``previous`` (``chain``, the step fields packed once for both)."""
-    count = len(keys) // 8
-    fields = _FIELDS.pack(step, epoch, before, after)
-    digest = hashlib.blake2b(previous + fields + keys, digest_size=16).digest()
-    counts = _COUNTS.pack(count, capacity, _LAST_OF_EPOCH if last else 0)
-    return b"".join((STEP_TAG, fields, counts, digest, keys, _UNUSED_BYTES * (capacity - count))), digest
+def write_step(buffer: Any, offset: int, previous: bytes, step: int, epoch: int, before: int, after: int,
+               keys: bytes, last: bool, capacity: int) -> bytes:  # fmt: skip
+    """Pack a step's record (``keys``: its uint64 keys' bytes) into ``buffer`` at ``offset``, in place:
+    ``step_size(capacity)`` bytes whatever its key count. Returns its link of the chain from ``previous``
+    (``chain``, with the step fields packed once for both)."""
+    count = len(keys) >> 3
+    digest = hashlib.blake2b(previous + _FIELDS.pack(step, epoch, before, after) + keys, digest_size=16).digest()
+    _RECORD_HEAD.pack_into(buffer, offset, STEP_TAG, step, epoch, before, after, count, capacity,
+                           _LAST_OF_EPOCH if last else 0, digest)  # fmt: skip
+    start = offset + _RECORD_HEAD.size
+    buffer[start : start + len(keys)] = keys
+    if count < capacity:
+        buffer[start + len(keys) : start + 8 * capacity] = _UNUSED_BYTES * (capacity - count)
+    return digest
 
 
 def step_size(capacity: int) -> int:

@@ -36,7 +36,8 @@ from stateful_sampler.certificate.format import (
     rank_files,
     rank_path,
     read_rank_file,
-    step_record,
+    step_size,
+    write_step,
 )
 from stateful_sampler.certificate.run import last_checkpoint_step, own_steps, resume_step
 from stateful_sampler.errors import CertificateError
@@ -159,9 +160,9 @@ class CertificateWriter:
         self._write(keys, epoch, before, after, after == size, consumed)
 
     def _write(self, keys: bytes, epoch: int, before: int, after: int, last: bool, consumed: int) -> None:
-        step = self._next_step
-        record, self._digest = step_record(self._digest, step, epoch, before, after, keys, last, self._capacity)
-        self._file.write(record)  # type: ignore[union-attr]
+        step, capacity = self._next_step, self._capacity
+        buffer, offset = self._file.reserve(step_size(capacity))  # type: ignore[union-attr]
+        self._digest = write_step(buffer, offset, self._digest, step, epoch, before, after, keys, last, capacity)
         self._next_step, self._consumed, self._position = step + 1, consumed, (epoch, after)
 
     def _pass_began(self, order: Any, layout: Any, batch_size: int | None) -> None:
@@ -293,11 +294,18 @@ class MappedAppend:
         self._map: mmap.mmap | None = None
 
     def write(self, data: bytes) -> None:
-        end = self._offset + len(data)
+        buffer, offset = self.reserve(len(data))
+        buffer[offset : offset + len(data)] = data
+
+    def reserve(self, size: int) -> tuple[mmap.mmap, int]:
+        """The map and the offset of ``size`` bytes at the end, to fill in place (a step is packed straight
+        into the map). Until filled they read as zeros: the end, for a reader."""
+        offset = self._offset
+        end = offset + size
         if end > self._size or self._map is None:
             self._grow(end)
-        self._map[self._offset : end] = data  # type: ignore[index]
         self._offset = end
+        return self._map, offset  # type: ignore[return-value]
 
     def _grow(self, end: int) -> None:
         """Map the file a chunk further, its blocks allocated and its pages mapped up front: a first write to a
