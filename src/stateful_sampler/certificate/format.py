@@ -10,8 +10,7 @@ After an 8-byte magic, a file is a run of records:
   order's identity fields and seed, the step it starts at, and what it resumed from, if anything), or a
   checkpoint taken (``kind: "checkpoint"``: the next step, the epoch and position saved).
 
-A process killed in the middle of a write leaves a torn last record, or the zeros its writer had mapped
-ahead: a reader stops before them, and the next writer cuts them off before appending.
+A process killed in the middle of a write leaves a torn last record (or zeros): a reader stops before them, and the next writer cuts them off before appending.
 """
 
 from __future__ import annotations
@@ -123,7 +122,7 @@ def read_rank_file(path: Path) -> RankFile:
     while offset < len(data):
         tag = data[offset : offset + 1]
         if tag == _UNWRITTEN:
-            break  # the zeros a writer's memory map had not reached yet (see writer.MappedAppend)
+            break  # zeros: a block the kernel had not filled when the writer was killed
         if tag == STEP_TAG:
             end = offset + 1 + _STEP.size
             if end > len(data):
