@@ -56,7 +56,7 @@ class CertificateWriter:
 
     def __init__(self, prefix: str | os.PathLike[str], order: StatefulSampler | None = None) -> None:
         self.prefix = Path(prefix)
-        self._sampler: StatefulSampler | None = None
+        self._sampler: Any = None  # the StatefulSampler or ShardedStream followed
         self._records: PassRecords | None = None
         if order is not None:
             self._follow(order)
