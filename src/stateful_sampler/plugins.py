@@ -13,7 +13,7 @@ A product a user switches on with a variable of its own (``STATEFUL_SAMPLER_CERT
 
 Example:
     >>> import os
-    >>> os.environ.get(PLUGINS_ENV) is None and trainer_observers() == []   # no plugin: nothing observes
+    >>> os.environ.get(PLUGINS_ENV) is None and install() is None   # no plugin named: nothing is imported
     True
 """
 

@@ -47,7 +47,7 @@ from stateful_sampler.state import IDENTITY_FIELDS
 
 _BLOCK_BATCHES = 64  # batches whose records are computed in one NumPy call
 _MIN_BLOCK = 4096
-WRITE_STEPS = 16  # steps written at once (and at every state taken, pass start and exit)
+WRITE_STEPS = 16  # steps written at once (and at every state taken, a pass's end and exit)
 
 
 class CertificateWriter:
@@ -146,7 +146,7 @@ class CertificateWriter:
         pending = self._pending
         pending.append(consumed)
         self._consumed = consumed
-        if len(pending) >= WRITE_STEPS:
+        if len(pending) >= WRITE_STEPS or consumed * self._per_batch >= self._facts[5]:  # a block, or the pass's end
             self._flush()
 
     def _flush(self) -> None:
