@@ -5,9 +5,11 @@ It follows the first ``StatefulSampler`` whose batch the training loop receives:
 which reports Lightning's train batches only (a validation loader is not recorded). At a pass's first step it
 takes the pass's layout (``sampler.pass_layout``); each step's records come from the block of the order the
 sampler itself drew (``sampler.drawn_records``), or, when the sampler no longer holds it, from the order's
-public pieces (``PassRecords`` on its strategy, order, seed and size) a block of batches at a time. So a step
-costs a slice, a hash and a copy into the file's memory map. A step is in the kernel's page cache once copied,
-so a ``kill -9`` loses none, whichever rank takes the checkpoint.
+public pieces (``PassRecords`` on its strategy, order, seed and size) a block of batches at a time. A
+``ShardedStream``'s come from ``stream.global_records``. A sampler's steps are counted as they come and
+written ``WRITE_STEPS`` at a time (a slice, a hash and a pack each, then one ``write(2)``), and always before a
+checkpoint record and at a pass's end: a ``kill -9`` loses only steps after the rank's latest checkpoint,
+which a resume supersedes.
 
 A process's first pass writes its start record: fresh (step 0, or the file was empty), resumed (a
 ``ResumableLoader.load_state_dict`` came first, or the sampler's first pass here begins past the start: the
