@@ -123,17 +123,15 @@ def state_loaded(loader: ConsumingLoader, sampler_state: dict[str, Any]) -> None
 
 def add_trainer_observer(factory: ObserverFactory) -> Callable[[], None]:
     """Offer ``factory`` to every ``SamplerCheckpoint`` set up for a fit: it returns an observer of
-    that fit, or ``None`` to decline. Returns a function that removes it."""
+    that fit, or ``None`` to decline; every observer given hears of the fit. Returns a function that
+    removes it."""
     return _registered(_observer_factories, factory)
 
 
-def first_trainer_observer() -> TrainerObserver | None:
-    """The first observer a registered factory gives for a fit, else ``None`` (plugins not loaded here)."""
-    for factory in tuple(_observer_factories):
-        observer = factory()
-        if observer is not None:
-            return observer
-    return None
+def trainer_observers() -> list[TrainerObserver]:
+    """The observers the registered factories give for a fit (verify's recording, the certificate), in
+    registration order; none when no plugin is loaded here."""
+    return [observer for factory in tuple(_observer_factories) if (observer := factory()) is not None]
 
 
 def set_consumed_source(order: ResumableOrder, source: ConsumedSource) -> None:

@@ -13,7 +13,7 @@ A product a user switches on with a variable of its own (``STATEFUL_SAMPLER_CERT
 
 Example:
     >>> import os
-    >>> os.environ.get(PLUGINS_ENV) is None and trainer_observer() is None   # no plugin: nothing observes
+    >>> os.environ.get(PLUGINS_ENV) is None and install() is None   # no plugin named: nothing is imported
     True
 """
 
@@ -26,8 +26,8 @@ from stateful_sampler.hooks import (
     ObserverFactory,  # noqa: F401 - re-exported, the registry lives in hooks
     TrainerObserver,
     add_trainer_observer,  # noqa: F401 - re-exported, the registry lives in hooks
-    first_trainer_observer,
 )
+from stateful_sampler.hooks import trainer_observers as registered_observers
 
 PLUGINS_ENV = "STATEFUL_SAMPLER_PLUGINS"
 # variable -> the plug-in module it switches on (a name, imported only while the variable is set)
@@ -55,7 +55,7 @@ def install() -> None:
 load_plugins = install  # the name of releases up to 0.3.0
 
 
-def trainer_observer() -> TrainerObserver | None:
-    """The first observer a plugin's factory gives for a fit, after installing the plugins; else ``None``."""
+def trainer_observers() -> list[TrainerObserver]:
+    """The observers the plugins' factories give for a fit, after installing the plugins."""
     install()
-    return first_trainer_observer()
+    return registered_observers()

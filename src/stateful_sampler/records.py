@@ -62,6 +62,11 @@ class PassRecords:
         if offsets.size == 0:
             return marked
         length = self.pass_length(base_pass)
+        if length:
+            first, last = int(offsets.min()) // length, int(offsets.max()) // length
+            repeats = getattr(self._pass_order(base_pass + first), "repeats", None)
+            if first == last:  # the usual block lies inside one pass: no per-element divmod
+                return repeats(offsets - first * length if first else offsets) if repeats is not None else marked
         passes, local = np.divmod(offsets, length) if length else (np.zeros_like(offsets), offsets)
         for relative_pass in range(int(passes.min()), int(passes.max()) + 1):  # np.unique would import numpy.ma
             repeats = getattr(self._pass_order(base_pass + relative_pass), "repeats", None)

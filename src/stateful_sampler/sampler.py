@@ -74,6 +74,7 @@ class _Pass:
     prefetches: bool = False  # drawn by a multi-process DataLoader iterator: drawn runs ahead of consumed
     snapshots: bool = False  # drawn by torchdata's StatefulDataLoader, which snapshots state per fetch
     driver: Any = None  # a weak reference to the DataLoader iterator drawing the pass, if any
+    drawn_blocks: tuple[tuple[int, np.ndarray], ...] = ()  # the last two blocks drawn: local start, records
 
     def loop_ended(self) -> bool:
         """Whether the loop over this pass saw its end: torchdata's iterator knows (a partial last batch
@@ -364,8 +365,9 @@ class StatefulSampler(DistributedSampler):
         while current.block_start + current.block_length < local_stop:
             start = current.block_start + current.block_length
             stop = min(start + block, local_stop)
-            drawn, items = self._items(layout, rank, start, stop)
+            drawn, items, records = self._items(layout, rank, start, stop)
             current.block_start, current.block_length, current.block = start, stop - start, drawn
+            current.drawn_blocks = (*current.drawn_blocks[-1:], (start, records))
             yield items
             block = min(2 * block, _MAX_BLOCK)
         if self._pass is current:
@@ -375,18 +377,41 @@ class StatefulSampler(DistributedSampler):
             end = layout.stream_start + layout.length if self.tail is Tail.CARRY else 0
             self._cursor = _Cursor(origin.epoch + 1, 0, end)
 
-    def _items(self, layout: EpochLayout, rank: int, start: int, stop: int) -> tuple[Iterator[int], Iterator[Any]]:
-        """A block's records as an iterator whose ``length_hint`` counts what was drawn, and the
-        items to yield: those records, or keys made from them as they are drawn (made up front,
-        a block of keys outlives the young GC generation and costs about 6x more per key)."""
+    def _items(
+        self, layout: EpochLayout, rank: int, start: int, stop: int
+    ) -> tuple[Iterator[int], Iterator[Any], np.ndarray]:
+        """A block's records as an iterator whose ``length_hint`` counts what was drawn, the
+        items to yield (those records, or keys made from them as they are drawn: made up front,
+        a block of keys outlives the young GC generation and costs about 6x more per key), and the
+        records' array (``drawn_records``)."""
         positions = layout.global_positions(rank, start, stop)
         offsets = layout.pass_offsets(positions)
-        records = iter(self._records(layout.epoch, offsets).tolist())
+        array = self._records(layout.epoch, offsets)
+        records = iter(array.tolist())
         if not self.yield_keys:
-            return records, records
+            return records, records, array
         passes = (offsets // max(layout.size, 1) + layout.epoch).tolist()
         padding = (layout.is_padding(positions) | self._records.repeats(layout.epoch, offsets)).tolist()
-        return records, map(SampleKey, records, repeat(self.seed), passes, positions.tolist(), padding)
+        return records, map(SampleKey, records, repeat(self.seed), passes, positions.tolist(), padding), array
+
+    @property
+    def pass_layout(self) -> EpochLayout | None:
+        """The layout of the pass under way, from where it began (``layout()`` lays out the rest of the
+        epoch from the position a state would save); ``None`` when no pass is under way."""
+        return self._pass.layout if self._pass is not None else None
+
+    def drawn_records(self, layout: EpochLayout, local_position: int) -> tuple[int, np.ndarray] | None:
+        """The block of records the pass of ``layout`` drew that holds this rank's ``local_position``:
+        its first local position and its records (the pass keeps its last two blocks), so that a tool
+        following training (the certificate) reads the order without computing it again; ``None`` when
+        that pass is not the one under way or the block is not held."""
+        current = self._pass
+        if current is None or current.layout is not layout:
+            return None
+        for start, records in current.drawn_blocks:
+            if start <= local_position < start + records.size:
+                return start, records
+        return None
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's order for an epoch (default: the rest of the current one, from the position

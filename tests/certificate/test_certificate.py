@@ -17,7 +17,7 @@ from stateful_sampler.certificate import compare, read_run
 from stateful_sampler.certificate.cli import main as certificate_main
 from stateful_sampler.certificate.format import MAGIC, rank_path, read_rank_file, step_size
 from stateful_sampler.certificate.plugin import hooked
-from stateful_sampler.certificate.writer import CertificateWriter
+from stateful_sampler.certificate.writer import WRITE_STEPS, CertificateWriter
 from stateful_sampler.errors import CertificateError
 
 SIZE, BATCH, EPOCHS, SEED = 24, 2, 2, 7
@@ -68,23 +68,30 @@ def run_process(
 
 def test_a_run_certifies_its_batches_and_grows_a_fixed_size_a_step(tmp_path: Path) -> None:
     prefix = tmp_path / "run"
-    loader = make_loader(1, 0)
+    loader = make_loader(1, 0, size=64)
     remove = hooked(CertificateWriter(prefix, loader.sampler))
     try:
         batches = iter(loader)
         first = next(batches).tolist()
-        size_after_first = read_rank_file(rank_path(prefix, 0)).valid_length  # read while the run writes
-        second = next(batches).tolist()
-        grown = read_rank_file(rank_path(prefix, 0)).valid_length - size_after_first
-        assert grown == step_size(BATCH) == 1 + 60 + 8 * BATCH
-        rest = [batch.tolist() for batch in batches]
+        started = read_rank_file(rank_path(prefix, 0)).valid_length  # read while the run writes: the start record
+        rest = [next(batches).tolist() for _ in range(WRITE_STEPS - 1)]
+        grown = read_rank_file(rank_path(prefix, 0)).valid_length - started  # the block of the first steps
+        assert grown == WRITE_STEPS * step_size(BATCH) and step_size(BATCH) == 1 + 60 + 8 * BATCH
+        rest += [next(batches).tolist() for _ in range(3)]
+        assert read_rank_file(rank_path(prefix, 0)).valid_length - started == grown  # counted, not written yet
+        loader.state_dict()  # a checkpoint: every step trained before it is written, then its record
+        file = read_rank_file(rank_path(prefix, 0))
+        assert len(file.segments[0].steps) == WRITE_STEPS + 3 and file.segments[0].checkpoints[0]["step"] == 19
+        rest += [batch.tolist() for batch in batches]
+        while loader.epoch < EPOCHS:
+            rest += [batch.tolist() for batch in loader]
     finally:
         remove()
     assert rank_path(prefix, 0).stat().st_size == read_rank_file(rank_path(prefix, 0)).valid_length  # closed: no tail
     run = read_run(prefix)
-    assert [step.records() for step in run.steps] == [first, second, *rest]
-    assert [step.step for step in run.steps] == list(range(SIZE // BATCH))
-    assert run.identity["seed"] == SEED and run.identity["size"] == SIZE
+    assert [step.records() for step in run.steps] == [first, *rest]
+    assert [step.step for step in run.steps] == list(range(EPOCHS * 64 // BATCH))
+    assert run.identity["seed"] == SEED and run.identity["size"] == 64
     assert rank_path(prefix, 0).read_bytes().startswith(MAGIC)
 
 

@@ -46,7 +46,7 @@ def test_an_observer_factory_is_offered_until_removed() -> None:
     observer = Observer()
     remove = hooks.add_trainer_observer(lambda: observer)
     try:
-        assert plugins.trainer_observer() is observer
+        assert plugins.trainer_observers() == [observer]
     finally:
         remove()
-    assert plugins.trainer_observer() is None
+    assert plugins.trainer_observers() == []

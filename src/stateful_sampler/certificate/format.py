@@ -10,8 +10,7 @@ After an 8-byte magic, a file is a run of records:
   order's identity fields and seed, the step it starts at, and what it resumed from, if anything), or a
   checkpoint taken (``kind: "checkpoint"``: the next step, the epoch and position saved).
 
-A process killed in the middle of a write leaves a torn last record, or the zeros its writer had mapped
-ahead: a reader stops before them, and the next writer cuts them off before appending.
+A process killed in the middle of a write leaves a torn last record (or zeros): a reader stops before them, and the next writer cuts them off before appending.
 """
 
 from __future__ import annotations
@@ -79,13 +78,23 @@ def chain(previous: bytes, step: int, epoch: int, before: int, after: int, keys:
     return hashlib.blake2b(previous + _FIELDS.pack(step, epoch, before, after) + keys, digest_size=16).digest()
 
 
-def step_record(step: int, epoch: int, before: int, after: int, keys: bytes, last: bool, digest: bytes,
-                capacity: int) -> bytes:  # fmt: skip
-    """A step's bytes (``keys``: its uint64 keys' bytes): ``step_size(capacity)`` of them whatever its key count."""
-    count = len(keys) // 8
-    flags = _LAST_OF_EPOCH if last else 0
-    fixed = STEP_TAG + _STEP.pack(step, epoch, before, after, count, capacity, flags, digest)
-    return fixed + keys + _UNUSED_BYTES * (capacity - count)
+_RECORD_HEAD = struct.Struct("<cQQQQIII16s")  # the tag, then _STEP
+
+
+def write_step(buffer: Any, offset: int, previous: bytes, step: int, epoch: int, before: int, after: int,
+               keys: bytes, last: bool, capacity: int) -> bytes:  # fmt: skip
+    """Pack a step's record (``keys``: its uint64 keys' bytes) into ``buffer`` at ``offset``, in place:
+    ``step_size(capacity)`` bytes whatever its key count. Returns its link of the chain from ``previous``
+    (``chain``, with the step fields packed once for both)."""
+    count = len(keys) >> 3
+    digest = hashlib.blake2b(previous + _FIELDS.pack(step, epoch, before, after) + keys, digest_size=16).digest()
+    _RECORD_HEAD.pack_into(buffer, offset, STEP_TAG, step, epoch, before, after, count, capacity,
+                           _LAST_OF_EPOCH if last else 0, digest)  # fmt: skip
+    start = offset + _RECORD_HEAD.size
+    buffer[start : start + len(keys)] = keys
+    if count < capacity:
+        buffer[start + len(keys) : start + 8 * capacity] = _UNUSED_BYTES * (capacity - count)
+    return digest
 
 
 def step_size(capacity: int) -> int:
@@ -113,7 +122,7 @@ def read_rank_file(path: Path) -> RankFile:
     while offset < len(data):
         tag = data[offset : offset + 1]
         if tag == _UNWRITTEN:
-            break  # the zeros a writer's memory map had not reached yet (see writer.MappedAppend)
+            break  # zeros: a block the kernel had not filled when the writer was killed
         if tag == STEP_TAG:
             end = offset + 1 + _STEP.size
             if end > len(data):

@@ -1,6 +1,6 @@
 """The certificate's plug-in to the core: ``STATEFUL_SAMPLER_CERTIFICATE=path`` switches it on
 (``stateful_sampler.plugins.SWITCHES``), and the core installs it when the run's first ``ResumableLoader``
-is set up; the user's script is not edited."""
+or ``SamplerCheckpoint`` is set up; the user's script is not edited."""
 
 from __future__ import annotations
 
@@ -8,8 +8,15 @@ import atexit
 import os
 from collections.abc import Callable
 
+from stateful_sampler.certificate.trainer import TrainerCertificate
 from stateful_sampler.certificate.writer import CertificateWriter
-from stateful_sampler.hooks import add_batch_hook, add_pass_start_hook, add_state_hook, add_state_loaded_hook
+from stateful_sampler.hooks import (
+    add_batch_hook,
+    add_pass_start_hook,
+    add_state_hook,
+    add_state_loaded_hook,
+    add_trainer_observer,
+)
 from stateful_sampler.sampler import StatefulSampler
 
 CERTIFICATE_ENV = "STATEFUL_SAMPLER_CERTIFICATE"
@@ -37,13 +44,15 @@ def writer_for(path: str | os.PathLike[str], order: StatefulSampler | None = Non
 
 
 def hooked(writer: CertificateWriter) -> Callable[[], None]:
-    """Puts ``writer`` on the core's state-loaded, pass-start, batch and state hooks; the call returned takes it
-    off them again and closes its file."""
+    """Puts ``writer`` on the core's state-loaded, pass-start, batch and state hooks, and offers it to every
+    ``SamplerCheckpoint`` fit as a trainer observer; the call returned takes it off them again and closes its
+    file."""
     removers = [
         add_state_loaded_hook(writer.state_loaded),
         add_pass_start_hook(writer.pass_started),
         add_batch_hook(writer.batch),
         add_state_hook(writer.state_taken),
+        add_trainer_observer(lambda: TrainerCertificate(writer)),
     ]
 
     def remove() -> None:

@@ -1,21 +1,24 @@
-"""The writer: follows a process's ``ResumableLoader`` through the core's hooks and appends its steps.
+"""The writer: follows a process's training loader through the core's hooks and appends its steps.
 
-It follows the first ``StatefulSampler`` whose pass starts in the process (the training loader's; a
-second loader, such as a validation loader, is not recorded). At each pass start it takes the pass's
-layout; at each batch the loop receives, it computes the batch's records from the sampler's public
-order pieces (``sampler.layout()``, ``PassRecords`` on the sampler's strategy, order, seed and size) for a
-block of batches at a time, so a step costs a slice, a hash and a copy into the file's memory map. A step
-is in the kernel's page cache once copied, so a ``kill -9`` loses none, whichever rank takes the checkpoint.
+It follows the first ``StatefulSampler`` whose batch the training loop receives: through a
+``ResumableLoader``'s batch hook, or ``SamplerCheckpoint``'s trainer observer (``certificate.trainer``),
+which reports Lightning's train batches only (a validation loader is not recorded). At a pass's first step it
+takes the pass's layout (``sampler.pass_layout``); each step's records come from the block of the order the
+sampler itself drew (``sampler.drawn_records``), or, when the sampler no longer holds it, from the order's
+public pieces (``PassRecords`` on its strategy, order, seed and size) a block of batches at a time. A
+``ShardedStream``'s come from ``stream.global_records``. A sampler's steps are counted as they come and
+written ``WRITE_STEPS`` at a time (a slice, a hash and a pack each, then one ``write(2)``), and always before a
+checkpoint record and at a pass's end: a ``kill -9`` loses only steps after the rank's latest checkpoint,
+which a resume supersedes.
 
 A process's first pass writes its start record: fresh (step 0, or the file was empty), resumed (a
-``ResumableLoader.load_state_dict`` came first: the step after the one that ended at the loaded position),
-or continued without the loader state restored (appended to a certificate after its latest checkpoint,
-and marked so: the run then differs from one that restored it).
+``ResumableLoader.load_state_dict`` came first, or the sampler's first pass here begins past the start: the
+step after the one that ended at that position), or continued without the loader state restored (appended
+to a certificate after its latest checkpoint, and marked so: the run then differs from one that restored it).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import socket
 import sys
@@ -30,12 +33,12 @@ from stateful_sampler.certificate.format import (
     PADDING_BIT,
     ZERO_DIGEST,
     RankFile,
-    chain,
     meta_record,
     rank_files,
     rank_path,
     read_rank_file,
-    step_record,
+    step_size,
+    write_step,
 )
 from stateful_sampler.certificate.run import last_checkpoint_step, own_steps, resume_step
 from stateful_sampler.errors import CertificateError
@@ -46,24 +49,28 @@ from stateful_sampler.state import IDENTITY_FIELDS
 
 _BLOCK_BATCHES = 64  # batches whose records are computed in one NumPy call
 _MIN_BLOCK = 4096
-_CHUNK = 1 << 20  # bytes the file's memory map grows by: about 1,800 steps of 64 keys
+WRITE_STEPS = 16  # steps written at once (and at every state taken, a pass's end and exit)
 
 
 class CertificateWriter:
     """Appends one process's steps to the certificate ``prefix`` (its rank's file ``prefix.rank{r}``), of
-    ``order`` (a ``StatefulSampler``; default: the first whose pass starts in the process)."""
+    ``order`` (a ``StatefulSampler``; default: the first whose batch the training loop receives)."""
 
     def __init__(self, prefix: str | os.PathLike[str], order: StatefulSampler | None = None) -> None:
         self.prefix = Path(prefix)
-        self._sampler: StatefulSampler | None = None
+        self._sampler: Any = None  # the StatefulSampler or ShardedStream followed
         self._records: PassRecords | None = None
         if order is not None:
             self._follow(order)
-        self._layout: EpochLayout | None = None
+        self._layout: EpochLayout | None = None  # the pass under way's, from where it began
         self._block: tuple[int, int, bytes] | None = None  # local start, stop, the keys' bytes
-        self._per_batch = 0  # records per batch of the pass under way (0: not read yet)
+        self._per_batch = 1  # records per batch of the pass under way
         self._facts = (0, 0, 1, 0, 0, 0)  # the pass's epoch, rank, world size, segment start, length, local length
-        self._file: MappedAppend | None = None
+        self._consumed = 0  # batches of the pass under way counted
+        self._pending: list[int] = []  # steps of the sampler's pass under way counted, not yet written (their counts)
+        self._batched = False  # the order followed is a StatefulSampler: its steps are written a block at a time
+        self._stream_pass: tuple[int, int] = (-1, 0)  # a stream's pass under way: its epoch and origin
+        self._file: FileAppend | None = None
         self._capacity = 1
         self._next_step = 0
         self._digest = ZERO_DIGEST
@@ -79,46 +86,37 @@ class CertificateWriter:
             self._pending_resume = sampler_state
 
     def pass_started(self, order: Any) -> None:
-        if self._sampler is None:
-            if not isinstance(order, StatefulSampler):
-                self._warn_once(order)
-                return
-            self._follow(order)
-        sampler = self._sampler
-        if order is not sampler or sampler is None:
-            return
-        layout = self._layout = sampler.layout()
-        self._block, self._per_batch, rank = None, 0, sampler.rank
-        self._facts = (layout.epoch, rank, layout.world_size, layout.segment_start, layout.length,
-                       layout.local_length(rank))  # fmt: skip
-        if self._file is None or self._pending_resume is not None:
-            self._start(sampler)
+        """Only says when an order the certificate cannot follow is the first to start a pass."""
+        if self._sampler is None and not _followable(order):
+            self._warn_once(order)
 
     def batch(self, loader: Any, batch: Any, consumed: int) -> None:
-        """One step: its keys' bytes sliced from the block, chained and copied into the file, in a few µs."""
-        layout, file = self._layout, self._file
-        if layout is None or file is None or loader.sampler is not self._sampler:
-            return
-        if not self._per_batch:  # read once a pass: the loader's batch size is a walk through its wrappers
-            self._per_batch = loader.batch_size or 1
-        epoch, rank, world_size, segment_start, length, local_length = self._facts
-        start = (consumed - 1) * self._per_batch
-        stop = min(start + self._per_batch, local_length)
-        keys = self._keys(layout, rank, start, stop)
-        # layout.position_after(rank, count), inlined: the step's global positions before and after it
-        before = length if start >= local_length and start > 0 else segment_start + start * world_size
-        after = length if stop >= local_length and stop > 0 else segment_start + stop * world_size
-        step = self._next_step
-        self._digest = digest = chain(self._digest, step, epoch, before, after, keys)
-        file.write(step_record(step, epoch, before, after, keys, after == length, digest, self._capacity))
-        self._next_step = step + 1
-        self._position = (epoch, after)
+        """One step of a ``ResumableLoader``, the ``consumed``-th of its pass."""
+        order = loader.sampler
+        if order is self._sampler and self._batched and self._layout is not None and order.pass_layout is self._layout:
+            self._later(consumed)  # the usual step: counted now, written with the block it ends
+        elif order is self._sampler or (self._sampler is None and _followable(order)):
+            if isinstance(order, StatefulSampler):
+                self._step(order, consumed, loader)
+            else:
+                self._stream_step(order, consumed, loader)
+
+    def trained(self, order: StatefulSampler) -> None:
+        """One step of ``order``'s pass that a loop without a ``ResumableLoader`` (Lightning's) trained on."""
+        if order is self._sampler or self._sampler is None:
+            self._step(order, self._consumed + 1 if order.pass_layout is self._layout else 1, order)
 
     def state_taken(self, loader: Any, consumed: int) -> None:
         """A checkpoint is being taken: record where, so that a process restarted without restoring the
         loader state is placed after it."""
-        if loader.sampler is not self._sampler or self._file is None:
+        if loader.sampler is self._sampler:
+            self.checkpoint_taken()
+
+    def checkpoint_taken(self) -> None:
+        """Record a checkpoint of the state after the last step trained (every step before it written)."""
+        if self._file is None:
             return
+        self._flush()
         epoch, position = self._position
         entry = {"kind": "checkpoint", "step": self._next_step, "epoch": epoch, "position": position,
                  "time_ns": time.time_ns()}  # fmt: skip
@@ -126,43 +124,150 @@ class CertificateWriter:
 
     def close(self) -> None:
         if self._file is not None:
+            self._flush()
             self._file.close()
             self._file = None
 
     # -- the pieces
 
-    def _follow(self, order: StatefulSampler) -> None:
-        if not isinstance(order, StatefulSampler):
-            raise TypeError(f"a certificate follows a StatefulSampler, got {type(order).__name__}")
+    def _step(self, order: StatefulSampler, consumed: int, batched: Any) -> None:
+        """A step of a sampler's pass; its pass's first opens the pass. ``batched`` (the loader, or the sampler)
+        says the batch size, read once a pass: a loader's is a walk through its wrappers."""
+        layout = order.pass_layout
+        if layout is None:
+            return
+        if layout is not self._layout:
+            self._flush()  # the previous pass's steps, with its layout
+            self._pass_began(order, layout, batched.batch_size)
+        self._later(consumed)
+
+    def _later(self, consumed: int) -> None:
+        """Count a step of the sampler's pass under way; write the counted ones once there are a block of them.
+        Written one at a time, between batches whose work has evicted the writer from the CPU's caches, a
+        step costs about 5 times more than in a block."""
+        pending = self._pending
+        pending.append(consumed)
+        self._consumed = consumed
+        if len(pending) >= WRITE_STEPS or consumed * self._per_batch >= self._facts[5]:  # a block, or the pass's end
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the steps counted and not yet written: packed into one block, the chain carried along, in one
+        loop (a call less a step is a noticeable share of a step's cost)."""
+        pending = self._pending
+        if not pending:
+            return
+        layout, (epoch, rank, world_size, segment_start, length, local_length) = self._layout, self._facts
+        per_batch, capacity = self._per_batch, self._capacity
+        size = step_size(capacity)
+        block = bytearray(size * len(pending))
+        digest, step, after = self._digest, self._next_step, 0
+        for offset, consumed in zip(range(0, len(block), size), pending):
+            start = (consumed - 1) * per_batch
+            stop = min(start + per_batch, local_length)
+            keys = self._keys(layout, rank, start, stop)  # type: ignore[arg-type]
+            # layout.position_after(rank, count), inlined: the step's global positions before and after it
+            before = length if start >= local_length and start > 0 else segment_start + start * world_size
+            after = length if stop >= local_length and stop > 0 else segment_start + stop * world_size
+            digest = write_step(block, offset, digest, step, epoch, before, after, keys, after == length, capacity)
+            step += 1
+        self._digest, self._next_step, self._position = digest, step, (epoch, after)
+        pending.clear()
+        self._file.write(block)  # type: ignore[union-attr]
+
+    def _stream_step(self, stream: Any, consumed: int, loader: Any) -> None:
+        """One step of a ``ShardedStream``'s pass: a pass is told apart by its epoch and origin, or by its count
+        starting again."""
+        if not stream.pass_begun:
+            return
+        identity = (stream.epoch, stream.position)
+        if identity != self._stream_pass or consumed <= self._consumed:
+            self._stream_pass = identity
+            self._pass_began(stream, stream.layout(), loader.batch_size)
+        epoch, _, world_size, origin, size, local_length = self._facts
+        start = (consumed - 1) * self._per_batch
+        stop = min(start + self._per_batch, local_length)
+        keys = self._keys(self._layout, stream.rank, start, stop)  # type: ignore[arg-type]
+        before = size if start >= local_length else origin + start * world_size  # StreamLayout.position_after
+        after = size if stop >= local_length else origin + stop * world_size
+        block = bytearray(step_size(self._capacity))
+        self._pack(block, 0, keys, epoch, before, after, after == size, consumed)
+        self._file.write(block)  # type: ignore[union-attr]
+
+    def _pack(self, block: bytearray, offset: int, keys: bytes, epoch: int, before: int, after: int, last: bool,
+              consumed: int) -> None:  # fmt: skip
+        """The next step's record into ``block`` at ``offset``, chained on."""
+        step, capacity = self._next_step, self._capacity
+        self._digest = write_step(block, offset, self._digest, step, epoch, before, after, keys, last, capacity)
+        self._next_step, self._consumed, self._position = step + 1, consumed, (epoch, after)
+
+    def _pass_began(self, order: Any, layout: Any, batch_size: int | None) -> None:
+        """The first step of a pass: take its layout, and write the process's start record if it is due."""
+        if self._sampler is None:
+            self._follow(order)
+        self._layout, self._block, self._per_batch, rank = layout, None, batch_size or 1, order.rank
+        if isinstance(layout, EpochLayout):
+            self._facts = (layout.epoch, rank, layout.world_size, layout.segment_start, layout.length,
+                           layout.local_length(rank))  # fmt: skip
+        else:  # a stream's StreamLayout: one epoch's deal from its origin, the same on every rank
+            self._facts = (order.epoch, rank, layout.world_size, layout.origin, layout.size, layout.local_length)
+        if self._file is None or self._pending_resume is not None:
+            self._start(order)
+
+    def _follow(self, order: Any) -> None:
+        if not _followable(order):
+            raise TypeError(f"a certificate follows a StatefulSampler or a ShardedStream, got {type(order).__name__}")
         self._sampler = order
-        self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
+        self._batched = isinstance(order, StatefulSampler)
+        if self._batched:
+            self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
 
     def _keys(self, layout: EpochLayout, rank: int, start: int, stop: int) -> bytes:
-        """The bytes of this rank's records at its local positions [start, stop) of the pass, padding marked."""
+        """The bytes of this rank's records at its local positions [start, stop) of the pass, padding marked:
+        from the block the sampler drew when it still holds it, else from the order's arithmetic, a block of
+        batches at a time."""
         block = self._block
-        if block is None or not block[0] <= start <= stop <= block[1]:
-            block_stop = min(max(stop, start + max(_BLOCK_BATCHES * (stop - start), _MIN_BLOCK)),
-                             layout.local_length(rank))  # fmt: skip
-            positions = layout.global_positions(rank, start, block_stop)
-            offsets = layout.pass_offsets(positions)
-            records = self._records(layout.epoch, offsets).astype(np.uint64)  # type: ignore[misc]
-            padding = layout.is_padding(positions) | self._records.repeats(layout.epoch, offsets)  # type: ignore[union-attr]
+        if (block is None or not block[0] <= start <= stop <= block[1]) and not isinstance(layout, EpochLayout):
+            block_stop = min(max(stop, start + _MIN_BLOCK), self._facts[5])
+            epoch, origin = self._stream_pass
+            indices, padding = self._sampler.global_records(epoch, origin, start, block_stop)  # type: ignore[union-attr]
+            records = indices.astype(np.uint64)
             records[padding] |= PADDING_BIT
             block = self._block = (start, block_stop, records.tobytes())
+        elif block is None or not block[0] <= start <= stop <= block[1]:
+            drawn = self._sampler.drawn_records(layout, start)  # type: ignore[union-attr]
+            if drawn is not None and stop <= drawn[0] + drawn[1].size:
+                block_start, records = drawn[0], drawn[1].astype(np.uint64)
+            else:
+                block_start = start
+                block_stop = min(max(stop, start + max(_BLOCK_BATCHES * (stop - start), _MIN_BLOCK)),
+                                 layout.local_length(rank))  # fmt: skip
+                positions = layout.global_positions(rank, start, block_stop)
+                records = self._records(layout.epoch, layout.pass_offsets(positions)).astype(np.uint64)  # type: ignore[misc]
+            positions = layout.global_positions(rank, block_start, block_start + records.size)
+            offsets = layout.pass_offsets(positions)
+            padding = layout.is_padding(positions) | self._records.repeats(layout.epoch, offsets)  # type: ignore[union-attr]
+            records[padding] |= PADDING_BIT
+            block = self._block = (block_start, block_start + records.size, records.tobytes())
         return block[2][8 * (start - block[0]) : 8 * (stop - block[0])]
 
-    def _start(self, order: StatefulSampler) -> None:
-        """Open this rank's file (cutting a torn tail) and write the process's start record."""
+    def _start(self, order: Any) -> None:
+        """Open this rank's file (cutting a torn tail) and write the process's start record. A sampler that
+        begins its first pass in this process past its epoch's start was restored by something other than
+        a ``ResumableLoader`` (``SamplerCheckpoint``, ``load_state_dict`` on the sampler): a resume from there."""
         rank, world_size = order.rank, order.num_replicas
         path = rank_path(self.prefix, rank)
         if self._file is None:
             own = _open_for_append(path)
-            self._file = MappedAppend(path)
+            self._file = FileAppend(path)
             if own is None:
                 self._file.write(MAGIC)
         else:  # a second start in this process (a later load): the file is ours, its mapped tail included
             own = read_rank_file(path)
         resumed, self._pending_resume = self._pending_resume, None
+        epoch, origin = self._facts[0], self._facts[3]
+        if resumed is None and self._next_step == 0 and (epoch, origin) != (0, 0) and _recorded(self.prefix, own, rank):
+            resumed = {"epoch": epoch, "position": origin}
         found = True
         if resumed is not None:
             files = _readable_files(self.prefix, own, rank)
@@ -178,7 +283,7 @@ class CertificateWriter:
             chain_from = self._digest  # a load later in this process, at the step it was at
         else:
             chain_from = previous.digest if previous is not None else ZERO_DIGEST
-        self._capacity = order.batch_size or 1
+        self._capacity = order.batch_size or self._per_batch
         state = order.state_after(0)
         start = {
             "kind": "start",
@@ -191,7 +296,7 @@ class CertificateWriter:
             "continued": resumed is None and own is not None and bool(own.segments),
             "resumed_from": None if resumed is None else {"epoch": resumed["epoch"], "position": resumed["position"]},
             "resume_found": found,
-            "identity": {name: state[name] for name in IDENTITY_FIELDS if name in state},
+            "identity": {"seed": order.seed, **{name: state[name] for name in IDENTITY_FIELDS if name in state}},
             "chain_from": chain_from.hex(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -215,34 +320,20 @@ class CertificateWriter:
             )
 
 
-class MappedAppend:
-    """Appends to a file through a memory map grown a chunk at a time: a record is in the page cache, where a
-    ``kill -9`` of the process does not reach, as soon as it is copied, with no system call a step. The chunk's
-    unwritten rest reads as zeros, which a reader takes for the end; ``close`` cuts it off."""
+class FileAppend:
+    """Appends to a file with one ``write(2)`` a block of records: they are in the kernel's page cache once it
+    returns, where a ``kill -9`` of the process does not reach. (A memory map, written a step at a time, faults
+    on each page's first write of a step, which costs more than the whole block's system call.)"""
 
     def __init__(self, path: Path) -> None:
-        self._descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._offset = self._size = os.fstat(self._descriptor).st_size
-        self._map: mmap.mmap | None = None
+        self._descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    def write(self, data: bytes) -> None:
-        end = self._offset + len(data)
-        if end > self._size or self._map is None:
-            self._grow(end)
-        self._map[self._offset : end] = data  # type: ignore[index]
-        self._offset = end
-
-    def _grow(self, end: int) -> None:
-        if self._map is not None:
-            self._map.close()
-        self._size = end + _CHUNK
-        os.ftruncate(self._descriptor, self._size)
-        self._map = mmap.mmap(self._descriptor, self._size)
+    def write(self, data: bytes | bytearray) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._descriptor, view) :]
 
     def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-        os.ftruncate(self._descriptor, self._offset)
         os.close(self._descriptor)
 
 
@@ -254,6 +345,19 @@ def _open_for_append(path: Path) -> RankFile | None:
     if own.valid_length < path.stat().st_size:
         os.truncate(path, own.valid_length)
     return own
+
+
+def _followable(order: Any) -> bool:
+    """A ``StatefulSampler``, or a ``ShardedStream`` (told by its public ``global_records``: the stream
+    package is not imported for a run that has none)."""
+    return isinstance(order, StatefulSampler) or callable(getattr(order, "global_records", None))
+
+
+def _recorded(prefix: Path, own: RankFile | None, rank: int) -> bool:
+    """Whether the certificate holds anything yet: a segment of this rank's, or another rank's file."""
+    return (own is not None and bool(own.segments)) or any(
+        path != rank_path(prefix, rank) for path in rank_files(prefix)
+    )
 
 
 def _readable_files(prefix: Path, own: RankFile | None, rank: int) -> list[RankFile]:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch.distributed as dist
 
 from stateful_sampler.errors import IncompatibleStateError
-from stateful_sampler.hooks import add_pass_start_hook
+from stateful_sampler.hooks import TrainerObserver, add_pass_start_hook
 from stateful_sampler.lightning.epoch_length import (
     EpochBatches,
     count_epoch,
@@ -50,7 +50,7 @@ from stateful_sampler.lightning.restart import (
     mark_epoch_unfinished,
     start_next_epoch,
 )
-from stateful_sampler.plugins import trainer_observer
+from stateful_sampler.plugins import trainer_observers
 from stateful_sampler.ranks import process_world_size
 from stateful_sampler.resumable import ResumableOrder
 from stateful_sampler.sampler import StatefulSampler
@@ -153,7 +153,7 @@ class SamplerCheckpointHooks:
     def __init__(self, *, restore_rng_states: bool = True) -> None:
         self.restore_rng_states = restore_rng_states
         self._remove_hook: Callable[[], None] | None = None
-        self._recording: Any = None  # verify's recording of this process, when verify runs it
+        self._observers: list[TrainerObserver] | None = None  # plugins' (verify's, the certificate's), once set up
         self._warning_filter: tuple[Any, ...] | None = None
         self._forget_the_run()
 
@@ -180,13 +180,13 @@ class SamplerCheckpointHooks:
             self._forget_the_run()
             self._trainer = trainer
             self._remove_hook = add_pass_start_hook(self._on_pass_start)
-        if self._recording is None:
-            self._recording = trainer_observer()  # a plugin's (verify's) observer of this fit
+        if self._observers is None:
+            self._observers = trainer_observers()  # the plugins' observers of this fit (verify, the certificate)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._stop()
-        if self._recording is not None:
-            self._recording.close()
+        for observer in self._observers or ():
+            observer.close()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # Lightning calls no teardown after an exception, and OnExceptionCheckpoint saves after this.
@@ -325,18 +325,18 @@ class SamplerCheckpointHooks:
         if self._recount_at_first_batch:
             self._recount_at_first_batch = False
             trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = count_epoch(trainer, 0, _fetched(trainer))
-        if self._recording is not None:
-            self._recording.batch(trainer, batch, batch_idx)
+        for observer in self._observers or ():
+            observer.batch(trainer, batch, batch_idx)
 
-    # -- what `stateful-sampler verify -- COMMAND` records, when it runs this process
+    # -- what the plugins observe: `stateful-sampler verify -- COMMAND`'s recording, the certificate
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        if self._recording is not None:
-            self._recording.checkpoint(trainer)
+        for observer in self._observers or ():
+            observer.checkpoint(trainer)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._recording is not None:
-            self._recording.train_end(trainer, pl_module)
+        for observer in self._observers or ():
+            observer.train_end(trainer, pl_module)
 
     def _on_pass_start(self, sampler: ResumableOrder) -> None:
         trainer = self._trainer

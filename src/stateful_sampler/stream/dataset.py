@@ -269,6 +269,16 @@ class ShardedStream(IterableDataset):
         records = min(check_int("consumed", consumed), layout.local_length)
         return self._state(start.epoch, layout.position_after(records)).to_dict()
 
+    def global_records(
+        self, epoch: int, origin: int, local_start: int, local_stop: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's global record indices (shards concatenated in the order given, a ``SampleKey``'s index)
+        at its local positions [local_start, local_stop) of the pass of ``epoch`` dealt from ``origin``, and
+        which of them are padding: what a tool following training (the certificate) records, no record read."""
+        layout = self._layout(origin)
+        slots = layout.slots(self.rank, np.arange(local_start, local_stop, dtype=np.int64))
+        return self.order.epoch(epoch).records(layout.positions(slots)), slots >= layout.size
+
     # -- loaders
 
     def loader(self, **kwargs: Any) -> StreamLoader:
