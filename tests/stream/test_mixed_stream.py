@@ -369,3 +369,12 @@ def test_a_mixed_stream_run_killed_mid_epoch_with_2_workers_resumes_at_0_exactly
     assert run(cut, workers=2, kill_after=17) == -9  # epoch 1, batch 4 of 14
     assert run(cut, workers=0) == 0
     assert (cut / "record.jsonl").read_text() == (whole / "record.jsonl").read_text()
+
+
+def test_epoch_records_are_the_epoch_s_draws_in_order_for_an_order_built_over_the_stream() -> None:
+    stream = mixed(num_samples=97)
+    whole = list(mixed(num_samples=97))
+    assert list(stream.epoch_records(0, 0, 97)) == whole
+    assert list(stream.epoch_records(0, 30, 61)) == whole[30:61]
+    with pytest.raises(ValueError, match="0 <= start <= stop <= 97"):
+        list(stream.epoch_records(0, 5, 98))
