@@ -8,6 +8,7 @@ from stateful_sampler.stream.cache import CacheStats, ShardCache
 from stateful_sampler.stream.dataset import ShardedStream, StreamLoader
 from stateful_sampler.stream.litdata import LitDataReader
 from stateful_sampler.stream.mds import MDSReader
+from stateful_sampler.stream.mixed import MixedStream
 from stateful_sampler.stream.packed import PackedStream
 from stateful_sampler.stream.readers import JsonlReader, ParquetReader, ReadStats, ShardReader, ShardReadError
 from stateful_sampler.stream.state import StreamState
@@ -20,6 +21,7 @@ __all__ = [
     "KeyedTransform",
     "LitDataReader",
     "MDSReader",
+    "MixedStream",
     "PackedStream",
     "ParquetReader",
     "ReadStats",

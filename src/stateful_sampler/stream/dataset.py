@@ -121,17 +121,11 @@ class ShardedStream(IterableDataset):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         self.shards = [os.fspath(shard) for shard in shards]
         self.reader = reader
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.window = check_int("window", window, minimum=1)
-        self.seed = check_int("seed", seed, maximum=(1 << 63) - 1)
-        self.tail = check_choice("tail", tail, Tail)
-        if self.tail not in (Tail.PAD, Tail.DROP):
-            raise ValueError(f"tail must be 'pad' or 'drop' for a stream, got {tail!r}")
-        self.yield_keys = check_bool("yield_keys", yield_keys)
-        self.transform = transform
-        self._num_replicas = check_optional_int("num_replicas", num_replicas, minimum=1)
-        self._rank = check_optional_int("rank", rank)
-        self.rank  # noqa: B018 - validates rank against num_replicas now when both are known
+        self.init_delivery(
+            batch_size=batch_size, seed=seed, tail=tail, num_replicas=num_replicas, rank=rank,
+            yield_keys=yield_keys, transform=transform,
+        )  # fmt: skip
         given = counts is not None
         prepare = getattr(reader, "prepare", None)
         if prepare is not None:  # a reader that looks the shards up at once (ShardCache: once per node)
@@ -145,6 +139,30 @@ class ShardedStream(IterableDataset):
         self.identities = shard_identities(reader, self.shards, self.counts if given else None)
         self.manifest = Manifest.of(self.shards, self.counts, self.identities)
         self.gather = WindowGather(reader, self.shards, self.counts)
+
+    def init_delivery(
+        self,
+        *,
+        batch_size: int,
+        seed: int,
+        tail: str,
+        num_replicas: int | None,
+        rank: int | None,
+        yield_keys: bool,
+        transform: Callable[..., Any] | None,
+    ) -> None:
+        """Set the batching, seed, tail, ranks and keys, with no pass begun: the part of the constructor a
+        stream of another order over the same delivery (``MixedStream``) shares."""
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.seed = check_int("seed", seed, maximum=(1 << 63) - 1)
+        self.tail = check_choice("tail", tail, Tail)
+        if self.tail not in (Tail.PAD, Tail.DROP):
+            raise ValueError(f"tail must be 'pad' or 'drop' for a stream, got {tail!r}")
+        self.yield_keys = check_bool("yield_keys", yield_keys)
+        self.transform = transform
+        self._num_replicas = check_optional_int("num_replicas", num_replicas, minimum=1)
+        self._rank = check_optional_int("rank", rank)
+        self.rank  # noqa: B018 - validates rank against num_replicas now when both are known
         self._next = _Cursor(0, 0)  # where the next pass starts while no pass has begun since a load or set_epoch
         self._pass: _Pass | None = None  # the last pass begun since then
         self._pass_ended = False  # that pass was taken to its end by the loop
@@ -222,12 +240,17 @@ class ShardedStream(IterableDataset):
 
     def _layout(self, origin: int) -> StreamLayout:
         world_size = self.num_replicas
-        if self.tail is Tail.DROP and self.order.size < world_size:
+        if self.tail is Tail.DROP and self.epoch_size < world_size:
             raise ValueError(
-                f"tail='drop' with {self.order.size} records on num_replicas={world_size} ranks would drop "
+                f"tail='drop' with {self.epoch_size} records on num_replicas={world_size} ranks would drop "
                 f"every record: use tail='pad' or fewer ranks"
             )
-        return StreamLayout(self.tail, self.order.size, world_size, origin)
+        return StreamLayout(self.tail, self.epoch_size, world_size, origin)
+
+    @property
+    def epoch_size(self) -> int:
+        """Positions in an epoch (every record of the shards once)."""
+        return self.order.size
 
     def __len__(self) -> int:
         """This rank's records in the epoch of the pass under way (else of the next pass), counted from
@@ -267,7 +290,7 @@ class ShardedStream(IterableDataset):
         start = self._next if current is None else _Cursor(current.epoch, current.origin)
         layout = self._layout(start.position)
         records = min(check_int("consumed", consumed), layout.local_length)
-        return self._state(start.epoch, layout.position_after(records)).to_dict()
+        return self.state_at(start.epoch, layout.position_after(records))
 
     def global_records(
         self, epoch: int, origin: int, local_start: int, local_stop: int
@@ -385,7 +408,14 @@ class ShardedStream(IterableDataset):
     def _iter_pass(self, start: _Cursor, worker: int, workers: int) -> Iterator[Any]:
         # The records of each chunk in turn: chaining the chunks in C keeps Python frames off the path
         # of each record.
-        return itertools.chain.from_iterable(self._pass_chunks(start, worker, workers))
+        return itertools.chain.from_iterable(
+            self.pass_chunks(start.epoch, self._layout(start.position), worker, workers)
+        )
+
+    def pass_chunks(self, epoch: int, layout: StreamLayout, worker: int, workers: int) -> Iterator[Iterable[Any]]:
+        """This rank's and worker's records of ``epoch`` dealt by ``layout``, a chunk at a time: the one part
+        of a pass a stream of another order (``MixedStream``) replaces."""
+        return self._pass_chunks(_Cursor(epoch, layout.origin), worker, workers)
 
     def _pass_chunks(self, start: _Cursor, worker: int, workers: int) -> Iterator[Iterable[Any]]:
         layout = self._layout(start.position)
@@ -453,7 +483,7 @@ class ShardedStream(IterableDataset):
         if consumed_batches is None:
             if current is None or self._pass_ended or current.handed_out is not None:
                 now = self._current()
-                return self._state(now.epoch, now.position).to_dict()
+                return self.state_at(now.epoch, now.position)
             raise ValueError(
                 f"consumed_batches: a pass of epoch {current.epoch} is under way and its workers prefetch: "
                 f"pass state_dict(consumed_batches=k) with the batches the loop consumed"
@@ -482,7 +512,11 @@ class ShardedStream(IterableDataset):
                 f"loop never took. Count the batches of {self.batch_size} records the loop took, or call "
                 f"state_dict(), which knows"
             )
-        return self._state(start.epoch, layout.position_after(records)).to_dict()
+        return self.state_at(start.epoch, layout.position_after(records))
+
+    def state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """The saved state of the stream at ``position`` of ``epoch`` (what ``state_dict`` returns there)."""
+        return self._state(epoch, position).to_dict()
 
     def _state(self, epoch: int, position: int) -> StreamState:
         return StreamState(
@@ -503,7 +537,11 @@ class ShardedStream(IterableDataset):
         raises ``IncompatibleStateError``."""
         saved = StreamState.from_dict(state)
         saved.check_continues(self._state(0, 0), self.shards, self.counts, self.identities)
-        self._next, self._pass, self._pass_ended = _Cursor(saved.epoch, saved.position), None, False
+        self.restart_at(saved.epoch, saved.position)
+
+    def restart_at(self, epoch: int, position: int) -> None:
+        """The next pass starts at ``position`` of ``epoch``, no pass begun: a checked state loaded."""
+        self._next, self._pass, self._pass_ended = _Cursor(epoch, position), None, False
 
 
 class StreamLoader(DataLoader):
