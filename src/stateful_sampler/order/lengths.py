@@ -74,5 +74,5 @@ def lengths_digest(lengths: np.ndarray) -> str:
     int64 buffer is hashed as it is, without a bytes copy (a resume's construction at 10^8 hashes 800 MB)."""
     digest = hashlib.blake2b(digest_size=16)
     for at in range(0, len(lengths), _CHUNK):
-        digest.update(memoryview(np.ascontiguousarray(lengths[at : at + _CHUNK], dtype=np.int64)))
+        digest.update(np.ascontiguousarray(lengths[at : at + _CHUNK], dtype=np.int64).data)
     return digest.hexdigest()
