@@ -102,6 +102,10 @@ def preload(system: str) -> None:
     module = {"ours": "stateful_sampler.stream", "litdata": "litdata", "mosaic": "streaming",
               "mosaic-py1br": "streaming", "hf": "datasets"}[system]  # fmt: skip
     importlib.import_module(module)
+    if system == "ours":  # the modules ParquetReader imports at its first use, as litdata's import brings its own
+        importlib.import_module("pyarrow.parquet")
+        importlib.import_module("pyarrow.compute")
+        importlib.import_module("numpy.ma")  # numpy 2.4's np.unique imports it at its first call
     if system == "hf":
         importlib.import_module("torchdata.stateful_dataloader")
 

@@ -35,7 +35,7 @@ from stateful_sampler.order.policies import Tail
 from stateful_sampler.order.shards import EpochWindows, ShardedShuffle
 from stateful_sampler.ranks import process_world_size, resolve_ranks
 from stateful_sampler.resharding import refuse_resharding
-from stateful_sampler.stream.gather import WindowGather, chunk_bounds, join_spans
+from stateful_sampler.stream.gather import Joined, Spans, WindowGather, chunk_bounds, join_spans
 from stateful_sampler.stream.layout import StreamLayout
 from stateful_sampler.stream.readers import ShardReader
 from stateful_sampler.stream.state import Manifest, StreamState, shard_identities
@@ -425,31 +425,51 @@ class ShardedStream(IterableDataset):
         first = int(windows.window_of(np.array([min(layout.origin, layout.size - 1)]))[0])
         # Each window's slots, then the padding slots past the end: a reader holds one window at a time.
         spans = [(starts[w], starts[w + 1]) for w in range(first, windows.windows)] + [(layout.size, 2**62)]
+        # A pass that starts inside its epoch (a resume) reads its first batch's records on their own.
+        first_batch = self.batch_size if start.position else 0
         for window, (begin, end) in enumerate(spans, first):
             if window < windows.windows:
                 self.gather.announce(windows, window)
             local = layout.worker_locals(worker, workers, self.batch_size, *layout.local_range(rank, begin, end))
             if local.size:  # the padding's records are the last window's
                 read_order = windows.window_shards(min(window, windows.windows - 1)).tolist()
-                yield from self._chunks_of_window(windows, layout, rank, local, read_order)
+                alone, first_batch = min(first_batch, local.size), max(first_batch - local.size, 0)
+                yield from self._chunks_of_window(windows, layout, rank, local, read_order, alone)
 
     def _chunks_of_window(
-        self, windows: EpochWindows, layout: StreamLayout, rank: int, local: np.ndarray, read_order: list[int]
+        self,
+        windows: EpochWindows,
+        layout: StreamLayout,
+        rank: int,
+        local: np.ndarray,
+        read_order: list[int],
+        alone: int = 0,
     ) -> Iterator[Iterable[Any]]:
         """This worker's records of one window, in order, a chunk at a time. Each shard is read once for
         the window, then records are built chunk by chunk (one batch, then doubling up to
         ``CHUNK_RECORDS``): with a reader whose spans convert lazily (``read_span``) the first batch
-        waits for the window's reads and one batch's conversion, not for the whole window's."""
+        waits for the window's reads and one batch's conversion, not for the whole window's. The first
+        ``alone`` records (the pass's first batch, a resume's) are read on their own where the reader reads
+        rows (``read_rows``): that batch waits for its own records only."""
         slots = layout.slots(rank, local)
         shards, rows = windows.locate(layout.positions(slots))
-        spans = self.gather.read(shards, rows, read_order)
-        joined = join_spans(spans, len(self.shards))
+        alone = alone if self.gather.reads_rows else 0
+        bounds = itertools.chain([(0, alone)] if alone else [], ((alone + begin, alone + end)
+                                 for begin, end in chunk_bounds(len(local) - alone, self.batch_size)))  # fmt: skip
+        spans: Spans = {}
+        joined: Joined | None = None
         transform = self.transform
         takes_key = getattr(transform, "takes_key", False)
         keyed = self.yield_keys or takes_key
         indices = self.order.offsets[shards] + rows if keyed else None
-        for begin, end in chunk_bounds(len(local), self.batch_size):
-            records = self.gather.records(spans, joined, shards[begin:end], rows[begin:end])
+        for begin, end in bounds:
+            if end <= alone:
+                records = self.gather.records_at_rows(shards[:end], rows[:end])
+            else:
+                if not spans:  # the window's spans, read once, at its first chunk read from them
+                    spans = self.gather.read(shards, rows, read_order)
+                    joined = join_spans(spans, len(self.shards))
+                records = self.gather.records(spans, joined, shards[begin:end], rows[begin:end])
             if not keyed:
                 yield records if transform is None else map(transform, records)
                 continue

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from stateful_sampler.order.shards import EpochWindows
-from stateful_sampler.stream.readers import ShardReader, ShardReadError, span_reader
+from stateful_sampler.stream.readers import ShardReader, ShardReadError, rows_reader, span_reader
 
 Spans = dict[int, tuple[int, Sequence[Any]]]  # shard -> (its first row read, the span of its rows)
 Joined = tuple[Sequence[Any], np.ndarray]  # the spans joined, and each shard's base row in the join
@@ -80,6 +80,36 @@ class WindowGather:
                 )
             spans[shard] = (start, span)
         return spans
+
+    @property
+    def reads_rows(self) -> bool:
+        """The reader reads records at given rows without their window (``read_rows``)."""
+        return rows_reader(self.reader) is not None
+
+    def records_at_rows(self, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
+        """The records at (shard, row) read on their own, each shard once (``read_rows``): a pass's first
+        batch, which then waits for its own records only."""
+        read_rows = rows_reader(self.reader)
+        if read_rows is None:
+            raise TypeError(f"{type(self.reader).__name__} has no read_rows(shard, rows): read its window instead")
+        records: list[Any] = [None] * len(rows)
+        for shard in np.unique(shards).tolist():
+            where = np.flatnonzero(shards == shard)
+            name = self.shards[shard]
+            try:
+                found = read_rows(name, rows[where])
+            except ShardReadError:
+                raise
+            except Exception as error:
+                raise ShardReadError(f"could not read {self._rows_of(shard, rows[where])}: {error}") from error
+            if len(found) != len(where):
+                raise ShardReadError(
+                    f"shard {name!r} returned {len(found)} records for {len(where)} rows: it holds fewer than the "
+                    f"{self.counts[shard]} records counted at start"
+                )
+            for slot, record in zip(where.tolist(), found):
+                records[slot] = record
+        return records
 
     def records(self, spans: Spans, joined: Joined | None, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
         """The records at (shard, row) from the window's spans: from their join when they have one (one

@@ -58,6 +58,9 @@ class ShardReader(Protocol):
 #       build them only when indexed; with ``records_at(rows)`` it builds many in one call. The stream
 #       reads through it (see ``span_reader``), so a window is decoded once and converted batch by batch.
 #       A span type with a ``join(spans)`` classmethod (``ParquetSpan``) has a window's spans joined into one.
+#   read_rows(shard, rows) -> Sequence: the records at ``rows`` (in that order), reading only what holds
+#       them (parquet: their row groups). The first batch of a pass is read through it, so a resume waits
+#       for that batch's records, not for its window's shards.
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,15 @@ def span_reader(reader: Any) -> Callable[[str, int, int], Sequence[Any]]:
     return cast(Callable[[str, int, int], Sequence[Any]], span)
 
 
+def rows_reader(reader: Any) -> Callable[[str, np.ndarray], Sequence[Any]] | None:
+    """``reader.read_rows`` for a random-access format (parquet row groups), else None; None too when
+    ``read`` is overridden below the class that defines ``read_rows`` (see ``span_reader``)."""
+    read_rows = getattr(reader, "read_rows", None)
+    if read_rows is None or not _defined_with(reader, "read_rows", "read"):
+        return None
+    return cast(Callable[[str, np.ndarray], Sequence[Any]], read_rows)
+
+
 class ParquetSpan(Sequence[dict[str, Any]]):
     """Rows of a parquet shard decoded to columns (a ``pyarrow.Table``); the records (dicts, as
     ``to_pylist`` makes them) are built only for the rows asked. Columnar decoding is cheap, building
@@ -168,16 +180,31 @@ class ParquetSpan(Sequence[dict[str, Any]]):
 
         return cls(pa.concat_tables([span.table for span in spans]).combine_chunks(), spans[0]._stats)
 
-    def records_at(self, rows: Sequence[int]) -> list[dict[str, Any]]:
+    def records_at(self, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
         """The records at ``rows`` (a list or an integer array of offsets into the span), in that order,
         in one conversion."""
         if not len(rows):
             return []
         if self._gatherable is None:
             self._gatherable = fixed_size_lists(self.table)
-        records = cast(list[dict[str, Any]], self._gatherable.take(rows).to_pylist())
+        records = cast(list[dict[str, Any]], self._gatherable.take(row_indices(rows)).to_pylist())
         self._stats.converted += len(records)
         return records
+
+
+def row_indices(rows: Sequence[int] | Any) -> Any:
+    """``rows`` as an int64 arrow array, built from its buffer: ``pyarrow.array`` (and ``take`` given a
+    list or a numpy array, which calls it) imports pandas at its first call, 0.6 s that a process
+    without pandas would pay at its first batch after a resume.
+
+    Example:
+        >>> row_indices([3, 1]).to_pylist()
+        [3, 1]
+    """
+    import pyarrow as pa
+
+    offsets = np.ascontiguousarray(rows, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(offsets), [None, pa.py_buffer(offsets)])
 
 
 def fixed_size_lists(table: Any) -> Any:
@@ -291,6 +318,35 @@ class ParquetReader:
         import pyarrow.compute as pc
 
         return np.asarray(pc.list_value_length(values).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    def read_rows(self, shard: str, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+        """The records at ``rows`` of ``shard``, in that order, decoding only the row groups they lie in: a
+        first batch after a resume waits for its own row groups, not for its window's shards."""
+        wanted = np.asarray(rows, dtype=np.int64)
+        with _Parquet(shard, self.storage_options) as parquet:
+            self.stats.opened += 1
+            metadata = parquet.metadata
+            sizes = np.array([metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)], dtype=np.int64)
+            ends = np.cumsum(sizes)
+            if len(wanted) and (wanted.min() < 0 or wanted.max() >= (ends[-1] if len(ends) else 0)):
+                raise ShardReadError(
+                    f"shard {shard!r} holds {int(ends[-1]) if len(ends) else 0} records, rows up to "
+                    f"{int(wanted.max())} were asked: it holds fewer than were counted at start"
+                )
+            group_of = np.searchsorted(ends, wanted, side="right")
+            groups = np.flatnonzero(np.bincount(group_of, minlength=len(sizes)))  # np.unique imports numpy.ma
+            for index in groups.tolist():
+                group = metadata.row_group(index)
+                self.stats.rows += group.num_rows
+                self.stats.bytes += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+            try:
+                table = parquet.read_row_groups(groups.tolist(), columns=self.columns)
+            except Exception as error:  # pyarrow raises OSError or ArrowInvalid for a corrupt file
+                raise ShardReadError(f"could not read rows of shard {shard!r}: {error}") from error
+        # Each asked row's offset in the table of its row groups, read one after another.
+        bases = np.cumsum(sizes[groups]) - sizes[groups] - (ends[groups] - sizes[groups])
+        offsets = wanted + bases[np.searchsorted(groups, group_of)]
+        return ParquetSpan(table, self.stats).records_at(offsets)
 
     def _table(self, shard: str, start: int, stop: int) -> Any:
         """Rows ``start .. stop - 1`` as a ``pyarrow.Table``, reading the whole row groups they lie in."""

@@ -1,0 +1,90 @@
+"""The first batch after a resume reads its own records (``read_rows``: parquet's row groups they lie in),
+not its window's shards, and is the batch the uninterrupted run delivers there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stateful_sampler.stream import ParquetReader, ShardedStream, ShardReadError
+from tests.stream.test_stream_remote import write_parquet
+
+ROWS, GROUP, SHARDS = 64, 4, 6  # per shard, rows per row group
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    root = tmp_path_factory.mktemp("first")
+    return [write_parquet(root / f"{i}.parquet", list(range(i * ROWS, (i + 1) * ROWS)), GROUP) for i in range(SHARDS)]
+
+
+def stream_of(shards: list[str], reader: ParquetReader, **kwargs: object) -> ShardedStream:
+    return ShardedStream(shards, reader, counts=[ROWS] * len(shards), **{"batch_size": 5, "window": 3, **kwargs})
+
+
+def batches(stream: ShardedStream, workers: int = 0) -> list[list[int]]:
+    return [batch["x"].tolist() for batch in stream.loader(num_workers=workers)]
+
+
+def test_a_resumes_first_batch_decodes_only_the_row_groups_of_its_records(shards: list[str]) -> None:
+    uninterrupted = batches(stream_of(shards, ParquetReader()))
+    reader = ParquetReader()
+    resumed = stream_of(shards, reader)
+    resumed.load_state_dict(stream_of(shards, ParquetReader()).state_dict(consumed_batches=7))
+    first = next(iter(resumed.loader(num_workers=0)))["x"].tolist()
+    assert first == uninterrupted[7]
+    assert reader.stats.converted == 5
+    groups = {(record // ROWS, record % ROWS // GROUP) for record in first}
+    assert reader.stats.rows == GROUP * len(groups)  # the window would be 3 * ROWS = 192 rows
+    assert reader.stats.opened == len({record // ROWS for record in first})
+
+
+def test_a_first_batch_across_two_windows_reads_only_its_records(shards: list[str]) -> None:
+    reader = ParquetReader()
+    resumed = stream_of(shards, reader, batch_size=8)
+    window_end = int(resumed.order.epoch(0).window_starts[1])
+    resumed.load_state_dict(resumed.state_dict(consumed_batches=0) | {"position": window_end - 3})
+    first = next(iter(resumed.loader(num_workers=0)))["x"].tolist()
+    expected = [record for batch in batches(stream_of(shards, ParquetReader(), batch_size=1)) for record in batch]
+    assert first == expected[window_end - 3 : window_end + 5]
+    assert reader.stats.rows <= GROUP * 8 and reader.stats.converted == 8
+
+
+@settings(max_examples=30, deadline=None)
+@given(consumed=st.integers(0, 75), batch_size=st.integers(1, 13))
+def test_resumed_epochs_are_the_uninterrupted_epochs(shards: list[str], consumed: int, batch_size: int) -> None:
+    uninterrupted = [r for b in batches(stream_of(shards, ParquetReader(), batch_size=batch_size)) for r in b]
+    consumed = min(consumed, len(uninterrupted) // batch_size)
+    resumed = stream_of(shards, ParquetReader(), batch_size=batch_size)
+    resumed.load_state_dict(stream_of(shards, ParquetReader(), batch_size=batch_size).state_dict(consumed))
+    assert [r for b in batches(resumed) for r in b] == uninterrupted[consumed * batch_size :]
+
+
+@pytest.mark.slow
+def test_a_resume_at_two_workers_is_the_uninterrupted_epoch(shards: list[str]) -> None:
+    uninterrupted = batches(stream_of(shards, ParquetReader()))
+    resumed = stream_of(shards, ParquetReader())
+    resumed.load_state_dict(stream_of(shards, ParquetReader()).state_dict(consumed_batches=11))
+    assert batches(resumed, workers=2) == uninterrupted[11:]
+
+
+def test_read_rows_gives_the_records_at_the_rows_in_their_order(shards: list[str]) -> None:
+    reader = ParquetReader()
+    rows = [17, 3, 63, 16, 3]
+    assert reader.read_rows(shards[1], rows) == [{"x": ROWS + row} for row in rows]
+    assert reader.stats.rows == 3 * GROUP  # row groups 4, 0 and 15: rows 17 and 16 share one
+
+
+def test_a_shard_that_shrank_is_named_at_the_first_batch(tmp_path: Path, shards: list[str]) -> None:
+    short = write_parquet(tmp_path / "short.parquet", list(range(ROWS)), GROUP)
+    reader = ParquetReader()
+    stream = ShardedStream([short, *shards[1:]], reader, counts=[ROWS] * SHARDS, batch_size=64, window=SHARDS)
+    write_parquet(Path(short), list(range(10)), GROUP)  # rewritten after the stream counted it
+    with pytest.raises(ShardReadError, match=r"short\.parquet.* holds 10 records"):
+        reader.read_rows(short, [2, 40])
+    stream.load_state_dict(stream.state_dict() | {"position": 1})
+    with pytest.raises(ShardReadError, match=r"short\.parquet"):
+        next(iter(stream.loader(num_workers=0)))
