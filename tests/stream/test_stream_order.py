@@ -89,10 +89,12 @@ def test_every_record_is_delivered_exactly_once_per_epoch_and_every_rank_takes_a
     workers=st.tuples(st.integers(0, 3), st.integers(0, 3)),
     batch_sizes=st.tuples(st.integers(1, 4), st.integers(1, 4)),
     consumed=st.integers(0, 40),
+    spread=st.integers(1, 4),
 )
 def test_a_resume_with_other_world_size_workers_and_batch_size_delivers_exactly_the_rest_of_the_epoch(
     counts: list[int],
     window: int,
+    spread: int,
     world_sizes: tuple[int, int],
     workers: tuple[int, int],
     batch_sizes: tuple[int, int],
@@ -103,7 +105,7 @@ def test_a_resume_with_other_world_size_workers_and_batch_size_delivers_exactly_
     def ranks(world_size: int, batch_size: int) -> list:
         return [
             make_stream(counts, window=window, batch_size=batch_size, seed=5, num_replicas=world_size, rank=rank,
-                        yield_keys=True)
+                        yield_keys=True, spread=spread)
             for rank in range(world_size)
         ]  # fmt: skip
 
