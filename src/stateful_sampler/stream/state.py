@@ -116,7 +116,7 @@ class StreamState:
         >>> state.shards, state.records, state.seed, state.window, state.tail, state.spread
         (6, 121, 0, 2, 'pad', 1)
         >>> state.to_dict()["version"], state.to_dict()["order"]
-        (3, 'vNpT0mf3mgvmB5LJkt2gHwZ5AgAB')
+        (3, 'vNpT0mf3mgvmB5LJkt2gHwZ5AgAAAQ')
     """
 
     shards: int
