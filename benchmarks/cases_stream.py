@@ -1,7 +1,7 @@
 """Streamed shards: shuffle quality against memory, and IO per record, for ``ShardedStream``.
 
-Quality uses the worst case, shards sorted by class, and compares the window shuffle with a
-classic buffer shuffle holding the same number of records (the shuffle of HF ``datasets``'
+Quality uses the worst case, shards sorted by class, and compares the window shuffle (at the
+default spread, and of whole shards, spread 1) with a classic buffer shuffle holding the same number of records (the shuffle of HF ``datasets``'
 ``IterableDataset.shuffle(buffer_size)`` and webdataset: shards in a shuffled order stream into a
 buffer; each step emits a random buffered record and puts the next one read in its place).
 
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from stateful_sampler.order.shards import DEFAULT_SPREAD
 from stateful_sampler.stream import ParquetReader, ShardedStream
 
 Result = dict[str, Any]
@@ -86,30 +87,35 @@ def order_quality(orders: list[np.ndarray], labels: np.ndarray) -> Result:
 
 
 def stream_quality(windows: list[int], epochs: int = EPOCHS) -> Result:
-    """Quality of the window shuffle and of a buffer shuffle holding the same records, per k."""
+    """Quality of the window shuffle (default spread, and whole shards) and of a buffer shuffle holding the
+    same records, per k."""
     shards = sorted_shards()
     labels = np.concatenate(shards)
     sizes = [len(shard) for shard in shards]
     names = [f"s{i}" for i in range(SHARDS)]
     rows: list[Result] = []
     for window in windows:
-        stream = ShardedStream(names, OrderOnly(), batch_size=BATCH, window=window, seed=1, counts=sizes)
-        ours = [stream.order.epoch(epoch).records(np.arange(len(labels))) for epoch in range(epochs)]
-        memory = window * SHARD_SIZE
+        row: Result = {"window": window, "memory": window * SHARD_SIZE}
+        for name, spread in (("window_shuffle", DEFAULT_SPREAD), ("whole_shards", 1)):
+            stream = ShardedStream(names, OrderOnly(), batch_size=BATCH, window=window, seed=1, counts=sizes,
+                                   spread=spread)  # fmt: skip
+            ours = [stream.order.epoch(epoch).records(np.arange(len(labels))) for epoch in range(epochs)]
+            row[name] = order_quality(ours, labels)
         rng = np.random.default_rng(1)
-        theirs = [buffer_shuffle(sizes, memory, rng) for _ in range(epochs)]
-        rows.append({"window": window, "memory": memory, "window_shuffle": order_quality(ours, labels),
-                     "buffer_shuffle": order_quality(theirs, labels)})  # fmt: skip
+        row["buffer_shuffle"] = order_quality(
+            [buffer_shuffle(sizes, row["memory"], rng) for _ in range(epochs)], labels
+        )
+        rows.append(row)
     return {"rows": rows, "ideal_same_class_mates": 1 / CLASSES}
 
 
-def stream_io(readers: list[int], window: int, row_group: int) -> Result:
+def stream_io(readers: list[int], window: int, row_group: int, spread: int) -> Result:
     """Parquet shards read through ``ShardedStream`` by ``readers`` readers (ranks x workers), one
     epoch: shards opened, rows and compressed bytes read per record delivered, and time per record."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    result: Result = {"window": window, "row_group": row_group, "per_readers": {}}
+    result: Result = {"window": window, "spread": spread, "row_group": row_group, "per_readers": {}}
     with tempfile.TemporaryDirectory() as scratch:
         names = []
         for index, labels in enumerate(sorted_shards()[:64]):
@@ -123,7 +129,7 @@ def stream_io(readers: list[int], window: int, row_group: int) -> Result:
             start = perf_counter()
             for reader_index in range(count):
                 reader = ParquetReader()
-                stream = ShardedStream(names, reader, batch_size=BATCH, window=window, counts=counts,
+                stream = ShardedStream(names, reader, batch_size=BATCH, window=window, counts=counts, spread=spread,
                                        num_replicas=count, rank=reader_index)  # fmt: skip
                 delivered += sum(1 for _ in stream)
                 opened += reader.stats.opened
@@ -177,7 +183,7 @@ def plot(quality: Result, path: Path) -> None:
     rows = quality["rows"]
     memory = [row["memory"] for row in rows]
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for name, style in (("window_shuffle", "o-"), ("buffer_shuffle", "s--")):
+    for name, style in (("window_shuffle", "o-"), ("whole_shards", "^-"), ("buffer_shuffle", "s--")):
         axes[0].plot(memory, [row[name]["first_tv"] for row in rows], style, label=name.replace("_", " "))
         axes[1].plot(memory, [row[name]["same_class_mates"] for row in rows], style, label=name.replace("_", " "))
     axes[1].axhline(quality["ideal_same_class_mates"], color="grey", linestyle=":", label="ideal (full shuffle)")
@@ -195,17 +201,17 @@ def plot(quality: Result, path: Path) -> None:
 def markdown(quality: Result) -> str:
     lines = [
         (
-            "| k | records held | window: first-batches TV | buffer: first-batches TV | window: same-class mates | "
-            "buffer: same-class mates | window: distinct mates | buffer: distinct mates |"
+            f"| k | records held | class TV of the first 10 batches: spread {DEFAULT_SPREAD} | whole shards | buffer | "
+            f"P(batch-mates share a class): spread {DEFAULT_SPREAD} | whole shards | buffer |"
         ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in quality["rows"]:
-        ours, theirs = row["window_shuffle"], row["buffer_shuffle"]
+        ours, whole, theirs = row["window_shuffle"], row["whole_shards"], row["buffer_shuffle"]
         lines.append(
-            f"| {row['window']} | {row['memory']} | {ours['first_tv']:.2f} | {theirs['first_tv']:.2f} | "
-            f"{ours['same_class_mates']:.2f} | {theirs['same_class_mates']:.2f} | {ours['distinct_mates']:.2f} | "
-            f"{theirs['distinct_mates']:.2f} |"
+            f"| {row['window']} | {row['memory']} | {ours['first_tv']:.2f} | {whole['first_tv']:.2f} | "
+            f"{theirs['first_tv']:.2f} | {ours['same_class_mates']:.2f} | {whole['same_class_mates']:.2f} | "
+            f"{theirs['same_class_mates']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -197,7 +197,7 @@ def test_the_order_through_the_cache_is_the_reader_order_and_each_shard_is_fetch
     paths = shards(tmp_path, 8, rows=12)
     size = max(os.path.getsize(p) for p in paths)
     cache = ShardCache(ParquetReader(), tmp_path / "cache", max_bytes=5 * size)  # two windows and one spare
-    kwargs = {"batch_size": 4, "window": 2, "seed": 5}
+    kwargs = {"batch_size": 4, "window": 2, "seed": 5, "spread": 1}  # whole shards: a window pins 2 of them
     expected = [b["x"].tolist() for b in ShardedStream(paths, ParquetReader(), **kwargs).loader(num_workers=0)]
     stream = ShardedStream(paths, cache, **kwargs)
     got = [b["x"].tolist() for b in stream.loader(num_workers=workers)]

@@ -15,7 +15,7 @@ from stateful_sampler.stream import cache as cache_module
 from tests.stream.test_stream_cache import fetched, shards
 from tests.stream.test_stream_remote import write_parquet
 
-KWARGS = {"batch_size": 4, "window": 2, "seed": 3}
+KWARGS = {"batch_size": 4, "window": 2, "seed": 3, "spread": 1}  # whole shards: windows evict each other
 OTHER = [3 * x for x in range(20)]  # other records, encoded in as many bytes as shard 0's
 
 

@@ -17,6 +17,7 @@ from tests.s3_server import s3_server
 from tests.stream.test_stream_remote import write_parquet
 
 KWARGS = {"batch_size": 4, "window": 2, "seed": 3}
+WHOLE_SHARDS = {**KWARGS, "spread": 1}  # windows of 2 whole shards evict each other from a small cache
 
 
 def write_shards(tmp_path: Path, offset: int = 0, shards: int = 4) -> list[str]:
@@ -84,7 +85,7 @@ def _live_run(urls: list[str], options: dict[str, Any], directory: str, size: in
     """A run reading epoch 0, then (once the test rewrote the objects) epoch 1, through 2 DataLoader workers."""
     try:
         cache = ShardCache(ParquetReader(storage_options=options), directory, max_bytes=3 * size)  # 3 of 8 shards
-        loader = ShardedStream(urls, cache, **KWARGS).loader(num_workers=2)
+        loader = ShardedStream(urls, cache, **WHOLE_SHARDS).loader(num_workers=2)
         assert sorted(x for batch in loader for x in batch["x"].tolist()) == list(range(160))  # epoch 0
         done.set()
         assert uploaded.wait(timeout=120)
@@ -124,7 +125,7 @@ def test_an_object_rewritten_inside_a_live_run_is_refused_and_the_next_start_rea
     assert ";ETag=" in message and "s3://rewrite-live/" in message
     # Every process of that run has stopped: the next start looks the objects up anew, and reads them whole.
     cache = ShardCache(ParquetReader(storage_options=s3.storage_options), tmp_path / "cache", max_bytes=3 * size)
-    assert values(ShardedStream(urls, cache, **KWARGS)) == list(range(1000, 1160))
+    assert values(ShardedStream(urls, cache, **WHOLE_SHARDS)) == list(range(1000, 1160))
 
 
 @pytest.mark.slow

@@ -70,7 +70,9 @@ class LazyMemoryReader(MemoryReader):
 
 
 def parquet_stream(shards: list[str], reader: Any, **kwargs: Any) -> ShardedStream:
-    return ShardedStream(shards, reader, counts=[ROWS] * len(shards), **{"batch_size": 4, "window": 3, **kwargs})
+    return ShardedStream(
+        shards, reader, counts=[ROWS] * len(shards), **{"batch_size": 4, "window": 3, "spread": 1, **kwargs}
+    )
 
 
 def test_the_first_batch_converts_one_batch_and_decodes_the_window_once(shards: list[str]) -> None:
@@ -130,14 +132,14 @@ def test_chunked_delivery_yields_the_records_and_keys_of_eager_reads(
 @pytest.mark.parametrize("bulk", [False, True])
 def test_a_readers_own_lazy_span_is_read_once_and_built_a_batch_at_a_time(bulk: bool) -> None:
     lazy, eager = LazyMemoryReader([7, 9, 5, 8], bulk), MemoryReader([7, 9, 5, 8])
-    stream = ShardedStream(lazy.names, lazy, batch_size=3, window=2, seed=1)
+    stream = ShardedStream(lazy.names, lazy, batch_size=3, window=2, seed=1, spread=1)
     assert list(islice(stream.iter_worker(0, 1), 3)) == list(islice(
-        ShardedStream(eager.names, eager, batch_size=3, window=2, seed=1).iter_worker(0, 1), 3))  # fmt: skip
+        ShardedStream(eager.names, eager, batch_size=3, window=2, seed=1, spread=1).iter_worker(0, 1), 3))  # fmt: skip
     assert lazy.built[0] == 3 and len(lazy.reads) == 2  # the window's two shards, one read each
-    keyed = ShardedStream(lazy.names, lazy, batch_size=3, window=2, seed=1, yield_keys=True)
+    keyed = ShardedStream(lazy.names, lazy, batch_size=3, window=2, seed=1, spread=1, yield_keys=True)
     pairs = list(keyed.iter_worker(0, 1))
     assert [record for record, _ in pairs] == list(
-        ShardedStream(eager.names, eager, batch_size=3, window=2, seed=1).iter_worker(0, 1)
+        ShardedStream(eager.names, eager, batch_size=3, window=2, seed=1, spread=1).iter_worker(0, 1)
     )
     assert [keyed.order.offsets[lazy.names.index(shard)] + row for (shard, row), _ in pairs] == [
         key.index for _, key in pairs
@@ -239,7 +241,7 @@ def test_a_read_span_returning_a_generator_is_refused_naming_the_method_shard_an
     reader = Generating([4])
     with pytest.raises(TypeError, match=r"Generating.read_span\('shard-000', 0, 4\) returned a generator, not a "
                                         r"sequence: read_span must return the 4 records of rows 0..3"):  # fmt: skip
-        list(ShardedStream(reader.names, reader, batch_size=2, window=1))
+        list(ShardedStream(reader.names, reader, batch_size=2, window=1, spread=1))
 
 
 def test_jsonl_counts_the_records_it_converts(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -98,24 +99,27 @@ class CountingParquet(ParquetReader):
         return super().read(shard, start, stop)
 
 
-@pytest.mark.parametrize(("window", "world_size", "workers"), [(1, 1, 1), (3, 2, 2), (4, 3, 2)])
-def test_a_reader_reads_each_shard_once_per_epoch_one_window_of_at_most_k_shards_at_a_time(
-    shards: list[str], window: int, world_size: int, workers: int
+@pytest.mark.parametrize(
+    ("window", "world_size", "workers", "spread"),
+    [(1, 1, 1, 1), (3, 2, 2, 1), (4, 3, 2, 1), (1, 1, 1, 3), (2, 2, 2, 2)],
+)
+def test_a_reader_reads_each_shard_spread_times_per_epoch_one_group_of_k_times_spread_shards_at_a_time(
+    shards: list[str], window: int, world_size: int, workers: int, spread: int
 ) -> None:
     for epoch in range(2):
         for rank in range(world_size):
             for worker in range(workers):
                 reader = CountingParquet()
-                data = ShardedStream(shards, reader, batch_size=4, window=window, counts=COUNTS,
+                data = ShardedStream(shards, reader, batch_size=4, window=window, counts=COUNTS, spread=spread,
                                      num_replicas=world_size, rank=rank, tail="drop")  # fmt: skip
                 data.set_epoch(epoch)
                 delivered = len(list(data.iter_worker(worker, workers)))
                 windows = data.order.epoch(epoch)
                 slot = {shards[s]: i for i, s in enumerate(windows.shard_order.tolist())}
-                read_windows = [slot[name] // window for name in reader.opened]
-                assert len(reader.opened) == len(set(reader.opened))  # each shard at most once an epoch
-                assert read_windows == sorted(read_windows)  # window after window, never back
-                assert max(np.bincount(read_windows)) <= window
+                read_groups = [slot[name] // (window * spread) for name in reader.opened]
+                assert max(Counter(reader.opened).values()) <= spread  # each shard at most once a window
+                assert read_groups == sorted(read_groups)  # group after group, never back
+                assert max(np.bincount(read_groups)) <= window * spread * spread  # its shards, once per window
                 assert reader.stats.opened == len(reader.opened)
                 assert reader.stats.rows >= delivered
 
@@ -125,10 +129,10 @@ def test_a_missing_shard_is_named_and_the_batches_delivered_before_it_resume_exa
     shards: list[str], tmp_path: Path, workers: int
 ) -> None:
     copies = [shutil.copy(path, tmp_path) for path in shards]
-    uninterrupted, _ = run(stream(copies), 0, range(1))
-    windows = stream(copies).order.epoch(0)
-    lost = copies[int(windows.window_shards(2)[0])]  # a shard of the third window
-    data = stream(copies)  # counted and identified before the file went missing
+    uninterrupted, _ = run(stream(copies, spread=1), 0, range(1))
+    windows = stream(copies, spread=1).order.epoch(0)
+    lost = copies[int(windows.window_shards(2)[0])]  # a shard of the third window (whole shards: read there first)
+    data = stream(copies, spread=1)  # counted and identified before the file went missing
     os.rename(lost, lost + ".away")
     delivered: list[list[int]] = []
     with pytest.raises(ShardReadError, match=rf"could not open shard '{lost}'"):
@@ -137,7 +141,7 @@ def test_a_missing_shard_is_named_and_the_batches_delivered_before_it_resume_exa
     assert 0 < len(delivered) < len(uninterrupted)
     state = data.state_dict(consumed_batches=len(delivered))
     os.rename(lost + ".away", lost)
-    resumed = stream(copies)
+    resumed = stream(copies, spread=1)
     resumed.load_state_dict(state)
     assert delivered + run(resumed, workers, range(1))[0] == uninterrupted
 
@@ -155,4 +159,4 @@ def test_a_reader_that_fails_or_returns_too_few_rows_is_reported_naming_the_shar
     ):
         reader = Broken(counts)
         with pytest.raises(ShardReadError, match=match):
-            list(ShardedStream(reader.names, reader, batch_size=2, window=1, seed=3))
+            list(ShardedStream(reader.names, reader, batch_size=2, window=1, seed=3, spread=1))

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stateful_sampler.order.shards import ShardedShuffle
+from stateful_sampler.order.shards import DEFAULT_SPREAD, ShardedShuffle
 from tests.stream_helpers import loop_batches, make_stream
 
 counts_lists = st.lists(st.integers(0, 30), min_size=1, max_size=12).filter(lambda counts: sum(counts) > 0)
@@ -22,18 +22,21 @@ def keys_of(batches: list[list]) -> list:
 
 
 @settings(max_examples=60)
-@given(counts=counts_lists, window=st.integers(1, 5), seed=st.integers(0, 2**63 - 1), epoch=st.integers(0, 10**6))
-def test_each_epoch_is_a_permutation_whose_windows_hold_k_consecutive_shards_of_the_shard_order(
-    counts: list[int], window: int, seed: int, epoch: int
+@given(
+    counts=counts_lists, window=st.integers(1, 5), seed=st.integers(0, 2**63 - 1), epoch=st.integers(0, 10**6),
+    spread=st.integers(1, 4),
+)  # fmt: skip
+def test_each_epoch_is_a_permutation_whose_windows_hold_pieces_of_k_times_spread_consecutive_shards_of_the_shard_order(
+    counts: list[int], window: int, seed: int, epoch: int, spread: int
 ) -> None:
-    order = ShardedShuffle(counts, window, seed).epoch(epoch)
+    order = ShardedShuffle(counts, window, seed, spread).epoch(epoch)
     size = sum(counts)
     positions = np.arange(size)
     shards, rows = order.locate(positions)
     assert sorted(zip(shards.tolist(), rows.tolist())) == [(s, r) for s, n in enumerate(counts) for r in range(n)]
     slot_of = {shard: slot for slot, shard in enumerate(order.shard_order.tolist())}
     windows = order.window_of(positions)
-    assert [slot_of[s] // window for s in shards.tolist()] == windows.tolist()
+    assert [slot_of[s] // (window * spread) for s in shards.tolist()] == (windows // spread).tolist()
     assert np.all(np.diff(windows) >= 0)  # positions walk the windows in order
 
 
@@ -74,7 +77,7 @@ def test_every_record_is_delivered_exactly_once_per_epoch_and_every_rank_takes_a
     assert len({key.index for key in real}) == kept
     padding = [key for key in keys if key.is_padding]
     assert len(padding) == (-size % world_size if tail == "pad" else 0)
-    order = ShardedShuffle(counts, window, seed).epoch(0)
+    order = ShardedShuffle(counts, window, seed, DEFAULT_SPREAD).epoch(0)
     assert [key.index for key in real] == order.records(np.array([key.position for key in real])).tolist()
 
 
@@ -86,10 +89,12 @@ def test_every_record_is_delivered_exactly_once_per_epoch_and_every_rank_takes_a
     workers=st.tuples(st.integers(0, 3), st.integers(0, 3)),
     batch_sizes=st.tuples(st.integers(1, 4), st.integers(1, 4)),
     consumed=st.integers(0, 40),
+    spread=st.integers(1, 4),
 )
 def test_a_resume_with_other_world_size_workers_and_batch_size_delivers_exactly_the_rest_of_the_epoch(
     counts: list[int],
     window: int,
+    spread: int,
     world_sizes: tuple[int, int],
     workers: tuple[int, int],
     batch_sizes: tuple[int, int],
@@ -100,7 +105,7 @@ def test_a_resume_with_other_world_size_workers_and_batch_size_delivers_exactly_
     def ranks(world_size: int, batch_size: int) -> list:
         return [
             make_stream(counts, window=window, batch_size=batch_size, seed=5, num_replicas=world_size, rank=rank,
-                        yield_keys=True)
+                        yield_keys=True, spread=spread)
             for rank in range(world_size)
         ]  # fmt: skip
 
@@ -145,7 +150,7 @@ def test_a_resume_at_the_end_of_an_epoch_delivers_nothing_until_the_next_epoch()
 def test_padding_repeats_the_last_records_of_the_epoch_marked() -> None:
     streams = [make_stream([3, 4], batch_size=2, window=2, num_replicas=3, rank=r, yield_keys=True) for r in range(3)]
     keys = [key for stream in streams for _, key in stream]
-    order = ShardedShuffle([3, 4], 2, 0).epoch(0)
+    order = ShardedShuffle([3, 4], 2, 0, DEFAULT_SPREAD).epoch(0)
     padding = sorted((key.position, key.index) for key in keys if key.is_padding)
     assert padding == [(7, int(order.records(np.array([6]))[0])), (8, int(order.records(np.array([5]))[0]))]
 

@@ -252,7 +252,7 @@ def test_a_reader_returning_a_generator_is_refused_naming_the_shard_and_rows() -
     reader = Lazy([4])
     with pytest.raises(TypeError, match=r"Lazy.read\('shard-000', 0, 4\) returned a generator, not a sequence: "
                                         r"read must return the 4 records of rows 0..3 of shard 'shard-000'"):  # fmt: skip
-        list(ShardedStream(reader.names, reader, batch_size=2, window=1))
+        list(ShardedStream(reader.names, reader, batch_size=2, window=1, spread=1))
 
 
 def test_an_epoch_past_the_limit_is_refused_at_set_epoch() -> None:

@@ -59,7 +59,7 @@ def test_a_renamed_shard_is_named() -> None:
         ("position", 122, r"state field 'position': saved 122, expected 'at most 121'"),
         ("position", -1, r"state field 'position': saved -1, expected 'a non-negative int'"),
         ("epoch", 2**62, r"state field 'epoch': saved 4611686018427387904, expected 'at most 4611686018427387903'"),
-        ("version", 3, r"state field 'version': saved 3, expected 2: unknown stream state version"),
+        ("version", 4, r"state field 'version': saved 4, expected 3: unknown stream state version"),
         ("extra", 0, r"state field 'extra': saved 0, expected '<absent>'"),
     ],
 )

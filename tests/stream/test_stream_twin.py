@@ -66,16 +66,23 @@ class StreamTwins(RuleBasedStateMachine):
         window=st.integers(1, 3),
         world_and_rank=st.sampled_from([(1, 0), (2, 0), (2, 1), (3, 2)]),
         tail=st.sampled_from(["pad", "drop"]),
+        spread=st.sampled_from([None, 1, 2]),
     )
     def build(
-        self, counts: list[int], batch_size: int, window: int, world_and_rank: tuple[int, int], tail: str
+        self,
+        counts: list[int],
+        batch_size: int,
+        window: int,
+        world_and_rank: tuple[int, int],
+        tail: str,
+        spread: int | None,
     ) -> None:
         world, rank = world_and_rank
         if tail == "drop" and sum(counts) < world:
             tail = "pad"
 
         def stream() -> ShardedStream:
-            return make_stream(counts, batch_size=batch_size, window=window, seed=4, tail=tail,
+            return make_stream(counts, batch_size=batch_size, window=window, seed=4, tail=tail, spread=spread,
                                num_replicas=world, rank=rank)  # fmt: skip
 
         self.make = stream

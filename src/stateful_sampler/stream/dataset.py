@@ -20,7 +20,7 @@ import itertools
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from stateful_sampler.hooks import pass_starting
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.policies import Tail
-from stateful_sampler.order.shards import EpochWindows, ShardedShuffle
+from stateful_sampler.order.shards import DEFAULT_SPREAD, EpochWindows, ShardedShuffle
 from stateful_sampler.ranks import process_world_size, resolve_ranks
 from stateful_sampler.resharding import refuse_resharding
 from stateful_sampler.stream.gather import Joined, Spans, WindowGather, chunk_bounds, join_spans
@@ -75,7 +75,11 @@ class ShardedStream(IterableDataset):
         reader: a ``ShardReader`` (``ParquetReader``, or your own). A reader with ``identity(shard)``
             puts each shard's content identity in the state (see ``stream.state``).
         batch_size: per-rank batch; ``stream.loader(...)`` builds the ``DataLoader`` with it.
-        window: k, the shards shuffled together; memory and IO per reader are one window's.
+        window: k, the shards' worth of records shuffled together; memory per reader is one window's.
+        spread: m, the pieces each shard is cut into: a window takes one piece of each of k * m shards,
+            so a batch mixes k * m shards at the memory of k (each shard is read m times an epoch, a
+            piece at a time). Unset: a loaded state's spread, else ``DEFAULT_SPREAD``. 1 is the order of
+            whole shards (states saved before ``spread`` existed resume to it).
         seed: an int in [0, 2**63).
         counts: records per shard; read from the reader once when not given. When given, each is checked
             against the count the reader read with the shard's identity, where it read one (a parquet
@@ -106,6 +110,7 @@ class ShardedStream(IterableDataset):
         batch_size: int,
         window: int = 8,
         seed: int = 0,
+        spread: int | None = None,
         counts: Sequence[int] | None = None,
         tail: str = "pad",
         num_replicas: int | None = None,
@@ -122,6 +127,8 @@ class ShardedStream(IterableDataset):
         self.shards = [os.fspath(shard) for shard in shards]
         self.reader = reader
         self.window = check_int("window", window, minimum=1)
+        self._spread_given = check_optional_int("spread", spread, minimum=1) is not None
+        self.spread = DEFAULT_SPREAD if spread is None else spread
         self.init_delivery(
             batch_size=batch_size, seed=seed, tail=tail, num_replicas=num_replicas, rank=rank,
             yield_keys=yield_keys, transform=transform,
@@ -135,7 +142,7 @@ class ShardedStream(IterableDataset):
         if len(counts) != len(self.shards):
             raise ValueError(f"counts must give one count per shard ({len(self.shards)}), got {len(counts)}")
         self.counts = [check_int(f"counts[{i}] ({self.shards[i]!r})", count) for i, count in enumerate(counts)]
-        self.order = ShardedShuffle(self.counts, self.window, self.seed)
+        self.order = ShardedShuffle(self.counts, self.window, self.seed, self.spread)
         self.identities = shard_identities(reader, self.shards, self.counts if given else None)
         self.manifest = Manifest.of(self.shards, self.counts, self.identities)
         self.gather = WindowGather(reader, self.shards, self.counts)
@@ -547,6 +554,7 @@ class ShardedStream(IterableDataset):
             seed=self.seed,
             window=self.window,
             tail=self.tail.value,
+            spread=self.spread,
             epoch=epoch,
             position=position,
         )
@@ -554,9 +562,14 @@ class ShardedStream(IterableDataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state in O(1); world size, worker count and batch size may differ.
         Another shard list (or shard content, for a reader with ``identity``), seed, window or tail
-        raises ``IncompatibleStateError``."""
+        raises ``IncompatibleStateError``, and so does another ``spread`` than the one given to the stream;
+        a stream built without ``spread`` takes the state's (spread 1 for a state saved before it existed)."""
         saved = StreamState.from_dict(state)
-        saved.check_continues(self._state(0, 0), self.shards, self.counts, self.identities)
+        spread = self.spread if self._spread_given else saved.spread
+        current = replace(self._state(0, 0), spread=spread)
+        saved.check_continues(current, self.shards, self.counts, self.identities)
+        if spread != self.spread:
+            self.spread, self.order = spread, ShardedShuffle(self.counts, self.window, self.seed, spread)
         self.restart_at(saved.epoch, saved.position)
 
     def restart_at(self, epoch: int, position: int) -> None:

@@ -26,7 +26,7 @@ from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.policies import Tail
 
-STREAM_STATE_VERSION = 2
+STREAM_STATE_VERSION = 3
 PRIME = (1 << 61) - 1
 
 
@@ -90,10 +90,11 @@ def shard_identities(reader: Any, names: Sequence[str], counts: Sequence[int] | 
     return identities
 
 
-# Version 1 was every field by name (181 B pickled); version 2 packs what a resume only checks into ``order``.
+# Version 1 was every field by name (181 B pickled); version 2 packs what a resume only checks into ``order``;
+# version 3 adds the order's ``spread`` to it. Versions 1 and 2 are of the order before ``spread``: spread 1.
 _V1_FIELDS = {"version": int, "shards": int, "records": int, "digest": int, "locator": int, "seed": int, "window": int,
               "tail": str, "epoch": int, "position": int, "world_size": int, "batch_size": int}  # fmt: skip
-_V2_FIELDS = {"version": int, "epoch": int, "position": int, "order": str}
+_V2_FIELDS = {"version": int, "epoch": int, "position": int, "order": str}  # and version 3's
 _TAILS = (Tail.PAD.value, Tail.DROP.value)  # the tail's code in ``order`` is its index here
 _ORDER_EXPECTED = "the packed order of ShardedStream.state_dict() (base64url)"
 
@@ -102,19 +103,20 @@ _ORDER_EXPECTED = "the packed order of ShardedStream.state_dict() (base64url)"
 class StreamState:
     """Where the stream is (``epoch``, ``position``: positions consumed by every rank together, so any
     world size, batch size or worker count continues it) and what the order is, which a resume only
-    checks: the shard list's ``Manifest``, ``seed``, ``window`` and ``tail``.
+    checks: the shard list's ``Manifest``, ``seed``, ``window``, ``tail`` and ``spread``.
 
-    Saved as ``{"version": 2, "epoch": e, "position": p, "order": "..."}``: ``order`` packs the checked
-    fields (the two sums as 8 bytes each, the rest as LEB128 varints) in base64url, about 90 B pickled.
-    Version 1 states (every field by name) still load.
+    Saved as ``{"version": 3, "epoch": e, "position": p, "order": "..."}``: ``order`` packs the checked
+    fields (the two sums as 8 bytes each, the rest as LEB128 varints) in base64url, about 95 B pickled.
+    States of versions 1 (every field by name) and 2 (no ``spread``) still load, as spread 1: the order
+    they were saved with.
 
     Example:
         >>> state = StreamState.from_dict(
         ...     {"version": 2, "epoch": 0, "position": 12, "order": "vNpT0mf3mgvmB5LJkt2gHwZ5AgAA"})
-        >>> state.shards, state.records, state.seed, state.window, state.tail
-        (6, 121, 0, 2, 'pad')
-        >>> state.to_dict()["order"]
-        'vNpT0mf3mgvmB5LJkt2gHwZ5AgAA'
+        >>> state.shards, state.records, state.seed, state.window, state.tail, state.spread
+        (6, 121, 0, 2, 'pad', 1)
+        >>> state.to_dict()["version"], state.to_dict()["order"]
+        (3, 'vNpT0mf3mgvmB5LJkt2gHwZ5AgAAAQ')
     """
 
     shards: int
@@ -124,12 +126,13 @@ class StreamState:
     seed: int
     window: int
     tail: str
+    spread: int
     epoch: int
     position: int
 
     def to_dict(self) -> dict[str, Any]:
         order = _pack(self.digest, self.locator, self.shards, self.records, self.window, self.seed,
-                      _TAILS.index(self.tail))  # fmt: skip
+                      _TAILS.index(self.tail), self.spread)  # fmt: skip
         return {"version": STREAM_STATE_VERSION, "epoch": self.epoch, "position": self.position, "order": order}
 
     def manifest(self) -> Manifest:
@@ -137,11 +140,11 @@ class StreamState:
 
     @classmethod
     def from_dict(cls, data: Any) -> StreamState:
-        """Parse a saved dict (version 2, or 1), refusing anything that is not exactly a state of its version."""
+        """Parse a saved dict (version 3, 2 or 1), refusing anything that is not exactly a state of its version."""
         if not isinstance(data, Mapping):
             raise IncompatibleStateError("state", type(data).__name__, "a dict from ShardedStream.state_dict()")
         version = data.get("version")
-        if type(version) is not int or version not in (1, STREAM_STATE_VERSION):
+        if type(version) is not int or version not in (1, 2, STREAM_STATE_VERSION):
             raise IncompatibleStateError(
                 "version", data.get("version", "<missing>"), STREAM_STATE_VERSION, "unknown stream state version"
             )
@@ -161,9 +164,10 @@ class StreamState:
             if data["tail"] not in _TAILS:
                 raise IncompatibleStateError("tail", data["tail"], list(_TAILS))
             checked = {name: data[name] for name in ("shards", "records", "digest", "locator", "seed", "window")}
-            return cls(**checked, tail=data["tail"], epoch=data["epoch"], position=data["position"])
-        digest, locator, shards, records, window, seed, tail = _unpack(data["order"])
-        return cls(shards, records, digest, locator, seed, window, _TAILS[tail], data["epoch"], data["position"])
+            return cls(**checked, tail=data["tail"], spread=1, epoch=data["epoch"], position=data["position"])
+        digest, locator, shards, records, window, seed, tail, *spread = _unpack(data["order"], 5 if version == 2 else 6)
+        return cls(shards, records, digest, locator, seed, window, _TAILS[tail], spread[0] if spread else 1,
+                   data["epoch"], data["position"])  # fmt: skip
 
     def check_continues(
         self, current: StreamState, names: Sequence[str], counts: Sequence[int], identities: Sequence[str] | None
@@ -200,6 +204,14 @@ class StreamState:
             saved, mine = getattr(self, name), getattr(current, name)
             if saved != mine:
                 raise IncompatibleStateError(name, saved, mine, "the state belongs to another order")
+        if self.spread != current.spread:
+            raise IncompatibleStateError(
+                "spread",
+                self.spread,
+                current.spread,
+                f"the state belongs to another order: build the stream with spread={self.spread}, or leave spread "
+                "unset to take the state's",
+            )
         if self.position > self.records:
             raise IncompatibleStateError(
                 "position", self.position, f"at most {self.records}", "beyond the end of the epoch"
@@ -217,9 +229,9 @@ def _pack(digest: int, locator: int, *values: int) -> str:
     return base64.urlsafe_b64encode(bytes(raw)).decode("ascii").rstrip("=")
 
 
-def _unpack(order: str) -> tuple[int, int, int, int, int, int, int]:
-    """(digest, locator, shards, records, window, seed, tail code) of a packed ``order``, which must be
-    exactly what ``_pack`` writes for them; an unknown tail code is refused naming ``tail``."""
+def _unpack(order: str, fields: int) -> list[int]:
+    """[digest, locator, shards, records, window, seed, tail code(, spread)] of a packed ``order`` of ``fields``
+    varints, which must be exactly what ``_pack`` writes for them; an unknown tail code is refused naming ``tail``."""
     try:
         raw = base64.b64decode(order + "=" * (-len(order) % 4), altchars=b"-_", validate=True)
     except (binascii.Error, ValueError):
@@ -231,12 +243,13 @@ def _unpack(order: str) -> tuple[int, int, int, int, int, int, int]:
         if byte < 0x80:
             values.append(value)
             value, shift = 0, 0
-    if len(raw) < 16 or len(values) != 5 or shift:
+    if len(raw) < 16 or len(values) != fields or shift:
         raise IncompatibleStateError("order", order, _ORDER_EXPECTED)
     digest, locator = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:16], "little")
-    shards, records, window, seed, tail = values
-    if tail >= len(_TAILS):
-        raise IncompatibleStateError("tail", tail, list(_TAILS))
+    if values[4] >= len(_TAILS):
+        raise IncompatibleStateError("tail", values[4], list(_TAILS))
+    if fields > 5 and values[5] < 1:
+        raise IncompatibleStateError("spread", values[5], "at least 1")
     if _pack(digest, locator, *values) != order:  # an overlong varint, trailing bits: not a state we wrote
         raise IncompatibleStateError("order", order, _ORDER_EXPECTED)
-    return digest, locator, shards, records, window, seed, tail
+    return [digest, locator, *values]
