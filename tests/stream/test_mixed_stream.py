@@ -114,11 +114,12 @@ def test_each_source_window_is_read_once_a_pass_whole() -> None:
         found = stream.sources[index]
         reads = found.reader.reads
         assert all(start == 0 and stop == found.counts[int(shard)] for shard, start, stop in reads)
-        # 120 draws at weight 1/4 take 30 of the source's records: its source-epochs' windows, each once
+        # 120 draws at weight 1/4 take 30 of the source's records: its source-epochs' windows, each once; a
+        # shard is in `spread` windows of its group (one piece each), and the mixture reads it whole for each
         draws = 30
         epochs = -(-draws // found.epoch_size)
         windows = sum(found.order.epoch(e).windows for e in range(epochs))
-        assert len(reads) <= sum(1 for c in found.counts if c) * epochs and len(reads) >= windows
+        assert len(reads) <= sum(1 for c in found.counts if c) * epochs * found.spread and len(reads) >= windows
 
 
 # -- exact resume and elastic resume
