@@ -1,12 +1,10 @@
 """Whole-record packing at scale, the second pass (issue 26 item 5): the lock-step count of ``bin_counts`` was
 rewritten (an always-present "new bin" room, one level fewer of gathers, a bin count read off the room table). The
-rows must stay the rows of every release before it: here the old implementation is the reference, frozen in this
-file: 0.2's walk, every window packed by best-fit decreasing in Python and its bins put in the window's drawn order.
+rows must stay the rows of every release before it: here the old implementation is the reference, frozen in
+``tests/packing/frozen_packing.py``: 0.2's walk, every window packed by best-fit decreasing in Python and its bins put in the window's drawn order.
 A sampler's row count, every row it yields and the anchor a state saves must be the walk's."""
 
 from __future__ import annotations
-
-from bisect import bisect_left
 
 import numpy as np
 from hypothesis import assume, given, settings
@@ -16,31 +14,7 @@ from stateful_sampler import PackedRows, TokenBudgetBatches
 from stateful_sampler.order.packing import bin_counts
 from stateful_sampler.order.windows import PassWindows
 from tests.helpers import scaled_examples
-
-
-def _old_pack_window(lengths: list[int], capacity: int, padded: bool) -> list[list[int]]:
-    """0.2's best-fit decreasing of one window: bins of indices into ``lengths``, each ascending."""
-    order = sorted(range(len(lengths)), key=lambda at: -lengths[at])
-    bins: list[list[int]] = []
-    rooms: list[int] = []
-    owners: list[int] = []
-    for index in order:
-        size = lengths[index]
-        need = 1 if padded else size
-        at = bisect_left(rooms, need)
-        if at < len(rooms):
-            owner = owners.pop(at)
-            room = rooms.pop(at) - need
-            bins[owner].append(index)
-        else:
-            owner = len(bins)
-            bins.append([index])
-            room = capacity // size - 1 if padded else capacity - size
-        if room > 0:
-            at = bisect_left(rooms, room)
-            rooms.insert(at, room)
-            owners.insert(at, owner)
-    return [sorted(members) for members in bins]
+from tests.packing.frozen_packing import reference_pack_window
 
 
 def _old_rows(lengths: np.ndarray, capacity: int, seed: int, window: int, epoch: int, padded: bool) -> list[list[int]]:
@@ -49,7 +23,7 @@ def _old_rows(lengths: np.ndarray, capacity: int, seed: int, window: int, epoch:
     rows: list[list[int]] = []
     for index in range(windows.count):
         records = windows.records(index)
-        bins = _old_pack_window(lengths[records].tolist(), capacity, padded)
+        bins = reference_pack_window(lengths[records].tolist(), capacity, padded)
         for at in windows.rng(index).permutation(len(bins)).tolist():
             rows.append(records[bins[at]].tolist())
     return rows
@@ -109,7 +83,7 @@ def test_a_state_saved_mid_epoch_resumes_to_the_old_walks_rows(packing, world, d
 def test_log_normal_windows_at_the_default_window_are_the_old_counts():
     lengths = np.clip(np.random.default_rng(11).lognormal(5, 1, (40, 4096)), 1, 2048).astype(np.int32)
     for capacity, padded in ((2048, False), (16384, False), (16384, True), (4095, False), (4032, False)):
-        expected = [len(_old_pack_window(row.tolist(), capacity, padded)) for row in lengths]
+        expected = [len(reference_pack_window(row.tolist(), capacity, padded)) for row in lengths]
         assert bin_counts(lengths, capacity, padded=padded).tolist() == expected
 
 

@@ -1,12 +1,10 @@
 """Whole-record packing at scale (issue 26 item 5): an epoch's row count is counted for every window at once in
 NumPy (``packing.bin_counts``), and must be exactly the count of the bins ``pack_window`` makes, window by window.
 
-``_reference_pack_window`` is best-fit decreasing as ``order/packing.py`` defined it when the vectorised count
+``tests.packing.frozen_packing.reference_pack_window`` is best-fit decreasing as ``order/packing.py`` defined it when the vectorised count
 came in (a frozen copy): ``pack_window`` must keep making these bins, and ``bin_counts`` must count them."""
 
 from __future__ import annotations
-
-from bisect import bisect_left
 
 import numpy as np
 import pytest
@@ -17,31 +15,7 @@ from stateful_sampler import PackedRows, TokenBudgetBatches
 from stateful_sampler.order.packing import bin_counts, pack_window
 from stateful_sampler.order.rows import RowOrder
 from stateful_sampler.order.windows import PassWindows, WindowStarts
-
-
-def _reference_pack_window(lengths: np.ndarray, capacity: int, padded: bool) -> list[list[int]]:
-    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable").tolist()
-    sizes = np.asarray(lengths, dtype=np.int64)[order].tolist()
-    bins: list[list[int]] = []
-    rooms: list[int] = []
-    owners: list[int] = []
-    for index, size in zip(order, sizes):
-        need = 1 if padded else size
-        at = bisect_left(rooms, need)
-        if at < len(rooms):
-            owner = owners.pop(at)
-            room = rooms.pop(at) - need
-            bins[owner].append(index)
-        else:
-            owner = len(bins)
-            bins.append([index])
-            room = capacity // size - 1 if padded else capacity - size
-        if room > 0:
-            at = bisect_left(rooms, room)
-            rooms.insert(at, room)
-            owners.insert(at, owner)
-    return [sorted(members) for members in bins]
-
+from tests.packing.frozen_packing import reference_pack_window
 
 # capacities on every path: one bitmap level (< 64), two, three (>= 4032), and the scalar fallback (> 2**15)
 capacities = st.one_of(
@@ -67,7 +41,7 @@ def windows_of_lengths(draw: st.DrawFn) -> tuple[np.ndarray, int]:
 @given(windows_of_lengths(), st.booleans())
 def test_bin_counts_are_the_reference_best_fit_bins_counted(windows, padded):
     lengths, capacity = windows
-    reference = [_reference_pack_window(row, capacity, padded) for row in lengths]
+    reference = [reference_pack_window(row, capacity, padded) for row in lengths]
     assert [[members.tolist() for members in pack_window(row, capacity, padded=padded)] for row in lengths] == (
         reference
     )
