@@ -160,13 +160,11 @@ def _longest_epoch(state: SamplerState, pass_length: int) -> int:
 
 
 def _shortest_epoch(state: SamplerState, pass_length: int) -> int:
-    """The shortest any layout of the saved epoch can be: pad and uneven deal every position of the pass,
-    drop leaves out fewer than W (the saving run's world size) from the origin it dealt; carry's end
-    depends on its carried records, so only its longest is checked."""
+    """The shortest any layout of the saved epoch can be: pad and uneven deal every position of the pass. Drop's
+    end may come from a world size before an elastic resume (the state keeps the saving run's), and carry's
+    depends on its carried records: for those only the longest is checked."""
     if state.tail in (Tail.PAD.value, Tail.UNEVEN.value):
         return pass_length
-    if state.tail == Tail.DROP.value:
-        return max(0, pass_length - state.world_size + 1)
     return 0
 
 

@@ -17,6 +17,7 @@ Example:
     >>> run = read_run(prefix)
     >>> [step.records() for step in run.steps] == batches
     True
+    >>> stop_certificate()
 """
 
 from __future__ import annotations
@@ -24,12 +25,21 @@ from __future__ import annotations
 import os
 
 from stateful_sampler.certificate.compare import Comparison, compare
-from stateful_sampler.certificate.plugin import CERTIFICATE_ENV, writer_for
+from stateful_sampler.certificate.plugin import CERTIFICATE_ENV, stop, writer_for
 from stateful_sampler.certificate.run import GlobalStep, Run, read_run
 from stateful_sampler.loader import ResumableLoader
 from stateful_sampler.sampler import StatefulSampler
 
-__all__ = ["CERTIFICATE_ENV", "Comparison", "GlobalStep", "Run", "compare", "read_run", "record_certificate"]
+__all__ = [
+    "CERTIFICATE_ENV",
+    "Comparison",
+    "GlobalStep",
+    "Run",
+    "compare",
+    "read_run",
+    "record_certificate",
+    "stop_certificate",
+]
 
 
 def record_certificate(path: str | os.PathLike[str], loader: ResumableLoader | None = None) -> None:
@@ -40,3 +50,9 @@ def record_certificate(path: str | os.PathLike[str], loader: ResumableLoader | N
     if order is not None and not isinstance(order, StatefulSampler):
         raise TypeError(f"a certificate follows a StatefulSampler, the loader's order is {type(order).__name__}")
     writer_for(path, order)
+
+
+def stop_certificate() -> None:
+    """Stop recording in this process (the writer of ``record_certificate`` or of the variable): its file is
+    closed, complete up to the last step."""
+    stop()

@@ -63,6 +63,13 @@ def hooked(writer: CertificateWriter) -> Callable[[], None]:
     return remove
 
 
+def stop() -> None:
+    """Take the process's writer off the core's hooks and close its file: nothing more is recorded."""
+    global _writer, _remove
+    _remove()
+    _writer, _remove = None, _nothing
+
+
 def _close_at_exit() -> None:
     _remove()  # cut the file's mapped tail off (a reader stops at it anyway)
 
