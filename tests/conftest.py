@@ -17,19 +17,23 @@ PROFILE = "ci" if os.environ.get("CI") else "default"
 settings.load_profile(PROFILE)
 # `make test-fast` runs with --hypothesis-profile fast: a tenth of each budget given by tests.helpers.examples.
 settings.register_profile("fast", parent=settings.get_profile(PROFILE), max_examples=10)
+# `make test` runs `make test-fast` with --hypothesis-profile full: this environment's profile, every budget whole.
+settings.register_profile("full", parent=settings.get_profile(PROFILE))
 
 
 # The longest files, started first in this order (from `pytest --durations`): the slow pass's few long multi-process
 # runs, then the files of the longest tests not marked slow (their hypothesis budgets). By their count of tests
 # they would start late, and the last of them run alone at the end of its pass, the other worker idle.
 LONGEST = (
-    "integrations/test_ray.py",
-    "docs/test_examples.py",
-    "docs/test_release.py",
-    "verify/test_verify_resize.py",
-    "certificate/test_certificate_kills.py",
-    "integrations/test_dcp.py",
-    "core/test_sampler_resume.py",
+    "docs/test_examples.py",  # the slow pass, idle 2 cores (--durations, 2026-12-03): 396 s
+    "integrations/test_ray.py",  # 298 s
+    "lightning/test_crash.py",  # 232 s
+    "verify/test_verify_command.py",  # 197 s
+    "docs/test_release.py",  # 183 s
+    "verify/test_verify_resize.py",  # 164 s
+    "lightning/test_verify.py",  # 159 s
+    "stream/test_stream_lightning.py",  # 150 s
+    "core/test_sampler_resume.py",  # the first pass's longest
     "lightning/test_callback_resume.py",
     "core/test_twin_loader.py",
     "docs/test_code_blocks.py",

@@ -16,7 +16,7 @@ from stateful_sampler import StatefulSampler
 
 
 def scaled_examples(full: int) -> int:
-    """A property's hypothesis budget: ``full`` examples under the default and ci profiles (``make test``),
+    """A property's hypothesis budget: ``full`` examples under the default, ci and full profiles (``make test``),
     a tenth of them (at least one) under the fast profile of ``make test-fast``, which must run every test
     not marked slow in 3 minutes. The explicit examples (``@example``) run in both."""
     return max(1, full * settings.default.max_examples // 100)
