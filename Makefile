@@ -23,23 +23,23 @@ demo: $(STAMP)
 # fixtures run once), in the order of tests/conftest.py: the longest files first.
 # --no-loadscope-reorder keeps that order (pytest-xdist would hand the files out by test count, and a
 # long file with few tests would start last, the other worker idle).
-# The slow pass stays on TEST_WORKERS too: with one worker more (-n 3 on 2 cores) it took no less time (33 min
-# against 32 on an idle machine, 2026-12-03): its subprocesses keep both cores busy.
+# One worker more than cores does not speed the slow pass (-n 3 on 2 idle cores: 2,017 s against 1,909 s at -n 2,
+# 2026-12-03): its subprocesses already keep both cores busy.
 TEST_WORKERS ?= 2
-XDIST := --dist loadfile --no-loadscope-reorder
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The inner loop (its budget: 3 minutes on 2 cores): every test not marked slow (each module's unit, property and
 # twin tests; the multi-process, SIGKILL and framework-launch tests are the slow ones), with a tenth of
 # each hypothesis budget (the fast profile, tests/helpers.py: scaled_examples). BUDGET=full: each test's whole budget.
 BUDGET ?= fast
 test-fast: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) $(XDIST) -m "not slow" --hypothesis-profile $(BUDGET)
+	$(PY) -m pytest $(XDIST) -m "not slow" --hypothesis-profile $(BUDGET)
 
 # The whole suite, each test once: first `make test-fast` at the full hypothesis budget, then, only if it passes,
 # the slow tests (multi-process, SIGKILL, framework launches): a broken build fails in minutes.
 test: $(STAMP)
 	$(MAKE) test-fast BUDGET=full
-	$(PY) -m pytest -n $(TEST_WORKERS) $(XDIST) -m slow
+	$(PY) -m pytest $(XDIST) -m slow
 
 # The stream benchmark's peers (litdata, mosaicml-streaming, HF datasets with torchdata) in a venv
 # of their own: in .venv they would replace torch 2.13.0 (docs/streaming.md, "Side by side").
