@@ -53,6 +53,8 @@ def main(output: Path, epochs: int, record: Path) -> None:
     trainer.train(resume_from_checkpoint=resume)
     summary = {"max_steps": trainer.state.max_steps, "global_step": trainer.state.global_step}
     (record / f"rank{rank}.json").write_text(json.dumps(summary))
+    if torch.distributed.is_initialized():  # gloo's threads, left running at exit, can abort the process (SIGABRT)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
