@@ -1,4 +1,4 @@
-"""Ray Train, for real: a local Ray cluster on 127.0.0.1 (2 CPUs), TorchTrainer with gloo, DataLoader workers.
+"""Ray Train, for real: a local Ray cluster on 127.0.0.1 (4 logical CPUs), TorchTrainer with gloo, DataLoader workers.
 
 One run of ``ray_train_run.py`` (one cluster) gives: a 2-worker run whose rank 1 is SIGKILLed mid-epoch and
 restarted by ``FailureConfig``, the same over a ``ShardedStream``, and a new 1-worker ``TorchTrainer`` resumed
