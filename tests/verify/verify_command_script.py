@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from plain_sgd import PlainSGD  # beside this script (torch.optim imports torch._dynamo: 2 s CPU a run)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -30,33 +30,6 @@ from stateful_sampler import ResumableLoader, StatefulSampler
 from stateful_sampler.verify import record_weights
 
 RECORDS, BATCH, EPOCHS = 96, 8, 2  # 12 steps an epoch on one process, 6 on two
-
-
-class MomentumSGD:
-    """``torch.optim.SGD``'s update with momentum, written out: the first step of a ``torch.optim`` optimizer
-    imports ``torch._dynamo``, which doubles the CPU a process spends starting (about 2 s, torch 2.13), and
-    verify runs this script three to six times a check."""
-
-    def __init__(self, parameters: Iterable[torch.Tensor], lr: float, momentum: float) -> None:
-        self.parameters, self.lr, self.momentum = list(parameters), lr, momentum
-        self.buffers = [torch.zeros_like(parameter) for parameter in self.parameters]
-
-    def zero_grad(self) -> None:
-        for parameter in self.parameters:
-            parameter.grad = None
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for parameter, buffer in zip(self.parameters, self.buffers):
-            buffer.mul_(self.momentum).add_(parameter.grad)
-            parameter.sub_(self.lr * buffer)
-
-    def state_dict(self) -> dict[str, list[torch.Tensor]]:
-        return {"momentum_buffers": [buffer.clone() for buffer in self.buffers]}
-
-    def load_state_dict(self, state: dict[str, list[torch.Tensor]]) -> None:
-        for buffer, saved in zip(self.buffers, state["momentum_buffers"]):
-            buffer.copy_(saved)
 
 
 def main() -> None:
@@ -78,7 +51,7 @@ def main() -> None:
     loader = batches if args.plain_loader else ResumableLoader(batches)
     torch.manual_seed(1)
     model = nn.Sequential(nn.Dropout(0.2), nn.Linear(4, 1)) if args.dropout else nn.Linear(4, 1)
-    optimizer = MomentumSGD(model.parameters(), lr=0.1, momentum=0.9 if args.forget_optimizer else 0.0)
+    optimizer = PlainSGD(model.parameters(), lr=0.1, momentum=0.9 if args.forget_optimizer else 0.0)
     checkpoint, step = args.root / "last.pt", 0
     if checkpoint.exists():
         saved = torch.load(checkpoint)
