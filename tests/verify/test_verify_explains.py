@@ -347,24 +347,28 @@ def test_a_failed_runs_log_that_verify_names_exists_after_it_exits(capsys: pytes
         shutil.rmtree(log.parents[1])
 
 
-@pytest.mark.slow  # a subprocess per module
-@pytest.mark.parametrize("module", ["lightning", "yaml"])
-def test_a_missing_dependency_exits_2_with_the_extra_to_install(tmp_path: Path, module: str) -> None:
+@pytest.mark.slow  # a subprocess: a module made missing stays missing
+def test_a_missing_dependency_exits_2_with_the_extra_to_install(tmp_path: Path) -> None:
     config = tmp_path / "fit.yaml"
     config.write_text("trainer: {max_epochs: 1}\n")
+    # verify imports yaml, then lightning: lightning missing first, then yaml too (each the first one missing).
     program = (
         "import sys\n"
-        f"sys.modules[{module!r}] = None  # as if it were not installed\n"
         "from stateful_sampler.verify.cli import main\n"
-        f"sys.exit(main(['--config', {str(config)!r}]))\n"
+        "for module in ('lightning', 'yaml'):\n"
+        "    sys.modules[module] = None  # as if it were not installed\n"
+        f"    print(module, main(['--config', {str(config)!r}]), flush=True)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, env=os.environ.copy(), check=False
     )
-    assert (done.returncode, done.stdout) == (EXIT_RUN_FAILED, "")
-    reason = done.stderr.splitlines()[-1]
-    assert reason.startswith("verify could not complete: a module verify needs is not installed ("), reason
-    assert module in reason and reason.endswith("): pip install 'stateful-sampler[lightning]'")
+    assert (done.returncode, done.stdout) == (0, f"lightning {EXIT_RUN_FAILED}\nyaml {EXIT_RUN_FAILED}\n"), done.stderr
+    reasons = done.stderr.splitlines()
+    assert len(reasons) == 2, done.stderr
+    for module, reason in zip(("lightning", "yaml"), reasons):
+        assert reason.startswith("verify could not complete: a module verify needs is not installed ("), reason
+        assert reason.endswith("): pip install 'stateful-sampler[lightning]'")
+        assert module in reason.split("(", 1)[1].split(")")[0]  # the module that is missing, not the one before
 
 
 def test_an_unexpected_error_inside_verify_exits_2_not_1(
