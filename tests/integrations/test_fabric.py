@@ -1,7 +1,7 @@
-"""Lightning Fabric, 2 CPU processes (DDP, gloo): examples/fabric_train.py, here without DataLoader workers.
+"""Lightning Fabric, 2 CPU processes (DDP, gloo), 2 DataLoader workers each: examples/fabric_train.py.
 
 The SIGKILL mid-epoch and resume, every batch and the final weights against an uninterrupted run, is
-``stateful-sampler verify`` on the example (with its 2 DataLoader workers a process) in tests/docs/test_examples.py."""
+``stateful-sampler verify`` on the example in tests/docs/test_examples.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ SCRIPT = ["python", "examples/fabric_train.py"]
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Run:
     root = tmp_path_factory.mktemp("fabric-reference")
-    return run([*SCRIPT, "--root", str(root), "--workers", "0"], root / "records")  # the split is the sampler's
+    return run([*SCRIPT, "--root", str(root)], root / "records")
 
 
 @pytest.mark.slow
