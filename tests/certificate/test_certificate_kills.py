@@ -3,6 +3,8 @@ certificate switched on by ``STATEFUL_SAMPLER_CERTIFICATE`` and compared with ``
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import signal
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from stateful_sampler.cli import main
 from tests.helpers import free_port
 
 SCRIPT = Path(__file__).with_name("certificate_run.py")
@@ -56,11 +59,13 @@ def phase(certificate: Path, checkpoint: Path, world_size: int, pause_at: int = 
                 os.killpg(rank.pid, signal.SIGKILL)
 
 
-def certificate_compare(first: Path, second: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stateful_sampler", "certificate", "compare", str(first), str(second)],
-        capture_output=True, text=True, check=False, cwd=ROOT, timeout=TIMEOUT,
-    )  # fmt: skip
+def certificate_compare(first: Path, second: Path) -> tuple[int, str]:
+    """``stateful-sampler certificate compare FIRST SECOND`` in this process (a subprocess would import torch
+    once more; test_certificate_lightning.py runs the command itself): its exit code and its output."""
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+        code = main(["certificate", "compare", str(first), str(second)])
+    return code, output.getvalue()
 
 
 @pytest.mark.slow
@@ -81,16 +86,16 @@ def test_three_kills_and_a_resize_certify_the_uninterrupted_data(tmp_path: Path)
     phase(killed, checkpoint, 2, pause_at=5)  # resumed at step 3, checkpoint after step 6 (epoch 0, position 36)
     phase(killed, checkpoint, 1, pause_at=7)  # resized to 1 rank mid-epoch; checkpoint after step 12
     phase(killed, checkpoint, 1)
-    result = certificate_compare(plain, killed)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "EQUAL (the same multiset per epoch): step by step the runs differ from step 6" in result.stdout
-    assert "epoch 0: 2 x 3 vs 2 x 3 -> 1 x 3, epoch 1: 2 x 3 vs 1 x 3" in result.stdout
-    assert "3 resumes, world size 2 -> 1" in result.stdout
+    code, out = certificate_compare(plain, killed)
+    assert code == 0, out
+    assert "EQUAL (the same multiset per epoch): step by step the runs differ from step 6" in out
+    assert "epoch 0: 2 x 3 vs 2 x 3 -> 1 x 3, epoch 1: 2 x 3 vs 1 x 3" in out
+    assert "3 resumes, world size 2 -> 1" in out
 
     phase(broken, broken_checkpoint, 2, restore=False)  # the model comes back, the data position does not
-    result = certificate_compare(plain, broken)
-    assert result.returncode == 1, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
+    code, out = certificate_compare(plain, broken)
+    assert code == 1, out
+    lines = out.splitlines()
     assert "DIFFERENT: first at step 3 (epoch 0)" in lines
     assert any(
         line.startswith("  plain.cert: step 3, epoch 0, positions [18, 24), world size 2: records [") for line in lines

@@ -1,11 +1,12 @@
 """One rank of a real DDP run (gloo, CPU) whose model's dropout differs per rank, started by ``test_loader_rng_ddp.py``.
 
-``python loader_rng_ddp_run.py OUT NAME [--save-every S] [--die-at K] [--resume] [--rank0-only]`` with RANK,
+``python loader_rng_ddp_run.py OUT NAME [--save-every S] [--die-at K] [--resume FILE]`` with RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT set. 40 records, batches of 4 a rank, 2 epochs, through ``ResumableLoader``.
 Each rank seeds torch with 100 + rank after the model is built, so its dropout masks are its own. Every S steps
-every rank takes ``loader.state_dict(every_rank=True)`` (``--rank0-only``: rank 0 alone takes ``state_dict()``,
-the 0.2.0 pattern) and rank 0 writes the one file OUT/last.pt (write, then rename). With ``--die-at K`` every
-rank writes OUT/NAME_rank<r>.paused after step K, mid-epoch, and waits for the test to SIGKILL it. ``--resume`` loads OUT/last.pt on every rank first.
+every rank takes ``loader.state_dict(every_rank=True)`` and rank 0 writes the one file OUT/last.pt (write, then
+rename); beside it, OUT/last-rank0.pt holds the 0.2.0 pattern (rank 0 alone takes ``state_dict()``), so one
+killed run serves both resumes. With ``--die-at K`` every rank writes OUT/NAME_rank<r>.paused after step K,
+mid-epoch, and waits for the test to SIGKILL it. ``--resume FILE`` loads OUT/FILE on every rank first.
 Each rank appends one JSON line per step to OUT/NAME_rank<r>.jsonl (step, epoch, record ids, the loss and the
 model's output as float.hex), and writes its final weights' digest at the end.
 """
@@ -37,8 +38,7 @@ def main() -> None:
     parser.add_argument("name")
     parser.add_argument("--save-every", type=int, default=0)
     parser.add_argument("--die-at", type=int, default=0)
-    parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--rank0-only", action="store_true")
+    parser.add_argument("--resume", metavar="FILE")
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
@@ -52,7 +52,7 @@ def main() -> None:
     loader = ResumableLoader(DataLoader(range(SIZE), sampler=StatefulSampler(SIZE, seed=3), batch_size=BATCH))
     step = 0
     if args.resume:
-        saved = torch.load(args.out / "last.pt", weights_only=True)
+        saved = torch.load(args.out / args.resume, weights_only=True)
         model.module.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         step = saved["step"]
@@ -92,15 +92,14 @@ def main() -> None:
 
 
 def save(args: argparse.Namespace, rank: int, model, optimizer, loader: ResumableLoader, step: int) -> None:  # type: ignore[no-untyped-def]
-    if args.rank0_only:
-        state = loader.state_dict() if rank == 0 else None  # the 0.2.0 pattern: rank 0 alone takes it
-    else:
-        state = loader.state_dict(every_rank=True)  # a collective: every rank's RNG states into rank 0's
+    every_rank = loader.state_dict(every_rank=True)  # a collective: every rank's RNG states into rank 0's
     if rank == 0:
-        checkpoint = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "loader": state,
-                      "step": step}  # fmt: skip
-        torch.save(checkpoint, args.out / "last.pt.tmp")
-        os.replace(args.out / "last.pt.tmp", args.out / "last.pt")
+        rank_0_alone = loader.state_dict()  # the 0.2.0 pattern: rank 0 alone takes it
+        for name, state in (("last.pt", every_rank), ("last-rank0.pt", rank_0_alone)):
+            checkpoint = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "loader": state,
+                          "step": step}  # fmt: skip
+            torch.save(checkpoint, args.out / f"{name}.tmp")
+            os.replace(args.out / f"{name}.tmp", args.out / name)
 
 
 if __name__ == "__main__":

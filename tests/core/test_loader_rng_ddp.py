@@ -75,14 +75,15 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run SIGKILLed after step 8; its file holds step 6 (epoch 1, one batch in)."""
+    """A run SIGKILLed after step 8; its files hold step 6 (epoch 1, one batch in): last.pt every rank's
+    state, last-rank0.pt the 0.2.0 pattern's (rank 0's alone), taken at the same step of the same run."""
     out = tmp_path_factory.mktemp("killed")
     launch(out, "before", 2, "--save-every", "3", "--die-at", "8", killed=True)
     return out
 
 
 def test_the_one_file_resumes_every_rank_bitwise_after_sigkill(uninterrupted: Path, killed: Path) -> None:
-    outputs = launch(killed, "after", 2, "--resume")
+    outputs = launch(killed, "after", 2, "--resume", "last.pt")
     assert not any("WARNING" in output for output in outputs), outputs
     for rank in range(2):
         reference = steps(uninterrupted, "run", rank)
@@ -97,7 +98,7 @@ def test_the_one_file_resumes_every_rank_bitwise_after_sigkill(uninterrupted: Pa
 
 
 def test_at_another_world_size_the_file_resumes_the_position_only(uninterrupted: Path, killed: Path) -> None:
-    outputs = launch(killed, "world1", 1, "--resume")
+    outputs = launch(killed, "world1", 1, "--resume", "last.pt")
     assert "RNG states saved at world size 2 are not restored at world size 1" in outputs[0]
     resumed = steps(killed, "world1", 0)
     epoch_1 = StatefulSampler(40, seed=3, num_replicas=1, rank=0)
@@ -109,16 +110,15 @@ def test_at_another_world_size_the_file_resumes_the_position_only(uninterrupted:
 
 
 def test_the_0_2_0_pattern_resumes_rank_0_bitwise_and_rank_1_warns_instead_of_taking_rank_0_s_rng(
-    uninterrupted: Path, tmp_path: Path
+    uninterrupted: Path, killed: Path
 ) -> None:
-    launch(tmp_path, "before", 2, "--save-every", "3", "--die-at", "8", "--rank0-only", killed=True)
-    outputs = launch(tmp_path, "after", 2, "--resume")
+    outputs = launch(killed, "control", 2, "--resume", "last-rank0.pt")
     assert "WARNING" not in outputs[0]
     assert "the state holds no RNG states for rank 1 (ranks saved: 0)" in outputs[1]
     for rank in range(2):
-        data = [step["ids"] for step in steps(tmp_path, "before", rank)[:6] + steps(tmp_path, "after", rank)]
+        data = [step["ids"] for step in steps(killed, "before", rank)[:6] + steps(killed, "control", rank)]
         assert data == [step["ids"] for step in steps(uninterrupted, "run", rank)]  # the data resumes exactly
     reference = [steps(uninterrupted, "run", rank)[6] for rank in range(2)]
-    first = [steps(tmp_path, "after", rank)[0] for rank in range(2)]
+    first = [steps(killed, "control", rank)[0] for rank in range(2)]
     assert first[0] == reference[0]  # step 7: the saved weights, and rank 0's own RNG restored
     assert first[1]["output"] != reference[1]["output"]  # rank 1 draws from its own RNG, as it warned

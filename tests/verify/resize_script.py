@@ -1,6 +1,6 @@
 """A plain PyTorch DDP training (gloo, under torchrun) that ``verify --resize`` resumes at another world
 size (tests/verify/test_verify_resize.py): batches of keyed records through a ``ResumableLoader``, a
-checkpoint into ``--root`` every ``--every`` steps, every start a resume when one is there.
+checkpoint into ``--root`` every ``--every`` steps, ``--epochs`` epochs (1), every start a resume when one is there.
 
 ``--forget-loader-at-resize`` is the bug: when the checkpoint was written at another world size, the
 script restores the model and the optimizer but not the loader, so the resumed run starts the epoch
@@ -18,18 +18,20 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from plain_sgd import PlainSGD  # beside this script (torch.optim imports torch._dynamo: 2 s CPU a run)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from stateful_sampler import KeyedDataset, ResumableLoader, StatefulSampler
 
-RECORDS, BATCH, EPOCHS = 32, 2, 1  # per rank: 4 steps an epoch on 4 processes, 8 on 2
+RECORDS, BATCH = 32, 2  # per rank: 4 steps an epoch on 4 processes, 8 on 2
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--every", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--forget-loader-at-resize", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -40,7 +42,7 @@ def main() -> None:
     loader = ResumableLoader(DataLoader(dataset, sampler=sampler, batch_size=BATCH))
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    optimizer = PlainSGD(model.parameters(), lr=0.05)
     checkpoint, step = args.root / "last.pt", 0
     if checkpoint.exists():
         saved = torch.load(checkpoint)
@@ -49,7 +51,7 @@ def main() -> None:
         if not (args.forget_loader_at_resize and saved["world_size"] != world_size):
             loader.load_state_dict(saved["loader"])
         step = saved["step"]
-    for epoch in range(loader.epoch, EPOCHS):
+    for epoch in range(loader.epoch, args.epochs):
         loader.set_epoch(epoch)
         for (features, targets), _keys in loader:
             optimizer.zero_grad()

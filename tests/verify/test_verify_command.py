@@ -53,19 +53,34 @@ def _poll_gone(text: str) -> None:
 
 
 @pytest.mark.slow
-def test_verify_of_a_command_passes_on_a_script_that_resumes_exactly(
-    tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture
+def test_verify_of_a_command_passes_on_a_script_that_resumes_exactly_and_reports_its_phases_on_stderr(
+    tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    arguments = ["--kill-at", str(KILL_AT), "--work-dir", str(tmp_path / "work"), "--", *COMMAND]
+    monkeypatch.setattr("stateful_sampler.verify.runner.PROGRESS_SECONDS", 0.0)  # every step seen is reported
+    work = tmp_path / "work"
+    arguments = ["--kill-at", str(KILL_AT), "--work-dir", str(work), "--", *COMMAND]
     assert main(arguments) == EXIT_EQUAL
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert f"killed after step {KILL_AT}; resumed from the checkpoint at step {RESUMED_FROM}\n" in out
     assert (
         f"batches compared: {STEPS} ({STEPS} steps x 1 rank(s)), identical to the uninterrupted run's: {STEPS}\n" in out
     )
     assert "EQUAL: the killed and resumed run trained on exactly the batches" in out
     for run in ("reference", "crash"):  # {run_dir} became each run's own directory
-        assert (tmp_path / "work" / run / "last.pt").is_file()
+        assert (work / run / "last.pt").is_file()
+    lines = captured.err.splitlines()
+    phases = [line for line in lines if not line.startswith("  ")]
+    assert phases == [
+        f"work directory: {work}",
+        "uninterrupted run ...",
+        f"run killed with SIGKILL after step {KILL_AT} ...",
+        f"run resumed from the last checkpoint (step {RESUMED_FROM}) ...",
+    ]
+    assert f"  reference run: finished, {STEPS} steps on rank 0" in lines
+    assert f"  killed run: every rank paused after step {KILL_AT}, killed with SIGKILL" in lines
+    reached = [int(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("  reference run: step ")]
+    assert reached and reached == sorted(reached) and set(reached) <= set(range(1, STEPS + 1))
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """``stateful-sampler verify --resize 4:2`` on real torchrun runs (gloo, 4 processes, then 2): the
 TorchElastic example resumed at half the world size meets the elastic rules and keeps the global
 order; a script that does not restore its loader at the resize is DIVERGED, naming the records it
-trains twice and where its resume went wrong."""
+trains twice and where its resume went wrong; the script that does is EQUAL after three kills."""
 
 from __future__ import annotations
 
@@ -74,20 +74,22 @@ def test_a_script_that_forgets_its_loader_at_the_resize_is_diverged_naming_the_r
 def test_three_kills_with_a_resize_resume_each_time_at_the_new_world_size(
     tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture
 ) -> None:
-    # --kill-seed 0 draws steps 6, 9 and 11 of epoch 1 (6..11 at world size 4). The first kill is at world
-    # size 4; the runs after it, killed at the same records (epoch 1, batches 6 and 10 at world size 2)
-    # and the last one, at 2. Each resumes from the last checkpoint: the example saves every 3 of its steps.
-    example = [*TORCHRUN, str(ROOT / "examples" / "torchrun_elastic.py"), "--root", "{run_dir}"]
-    arguments = ["--resize", "4:2", "--kills", "3", "--work-dir", str(tmp_path / "work"), "--", *example]
-    assert main(arguments) == EXIT_EQUAL
+    # resize_script.py for 2 epochs, a checkpoint every 3 steps (its SGD imports no torch._dynamo: 14 ranks
+    # start in half the CPU the example's take). --kill-seed 0 draws steps 4, 5 and 7 of epoch 1 (4..7 at
+    # world size 4). The first kill is at world size 4; the runs after it, killed at the same records (epoch 1,
+    # batches 2 and 6 at world size 2) and the last one, at 2. Each resumes from the last checkpoint.
+    script = [*TORCHRUN, str(Path(__file__).with_name("resize_script.py")), "--root", "{run_dir}"]
+    arguments = ["--resize", "4:2", "--kills", "3", "--work-dir", str(tmp_path / "work"), "--", *script]
+    assert main([*arguments, "--epochs", "2", "--every", "3"]) == EXIT_EQUAL
     out = capsys.readouterr().out
     assert out.startswith(
-        "killed after steps 6, 9, 11 (the first at world size 4, the others at 2); resumed at world size 2 from "
-        "step 6 (epoch 1, record 0 of 48, world size 2); then from step 12 (epoch 1, record 24 of 48, world size 2); "
-        "then from step 15 (epoch 1, record 36 of 48, world size 2)\n"
-        "exact (the layout kept): 24 of the killed run's 24 batches at world size 4 identical to the uninterrupted "
-        "run's; 2 batches at world size 2 retrained after a kill\n"
+        "killed after steps 4, 5, 7 (the first at world size 4, the others at 2); resumed at world size 2 from "
+        "step 3 (epoch 0, record 24 of 32, world size 2); then from step 6 (epoch 1, record 4 of 32, world size 2); "
+        "then from step 9 (epoch 1, record 16 of 32, world size 2)\n"
+        "exact (the layout kept): 16 of the killed run's 16 batches at world size 4 identical to the uninterrupted "
+        "run's; 6 batches at world size 2 retrained after a kill\n"
     )
+    assert "records: 64 over 2 epoch(s); steps of each rank at world size 2: epoch 0: 2, epoch 1: 8\n" in out
     assert "EQUAL (global order rule)" in out
     for name in ("killed1", "killed2", "killed3", "resumed"):  # every kill a real SIGKILL of a run of its own
         assert (tmp_path / "work" / "crash" / f"{name}.log").is_file()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from plain_sgd import PlainSGD  # beside this script (torch.optim imports torch._dynamo: 2 s CPU a run)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -50,7 +51,7 @@ def main() -> None:
     loader = batches if args.plain_loader else ResumableLoader(batches)
     torch.manual_seed(1)
     model = nn.Sequential(nn.Dropout(0.2), nn.Linear(4, 1)) if args.dropout else nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9 if args.forget_optimizer else 0.0)
+    optimizer = PlainSGD(model.parameters(), lr=0.1, momentum=0.9 if args.forget_optimizer else 0.0)
     checkpoint, step = args.root / "last.pt", 0
     if checkpoint.exists():
         saved = torch.load(checkpoint)
