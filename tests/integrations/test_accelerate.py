@@ -1,7 +1,8 @@
 """HF Accelerate, 2 CPU processes launched by ``accelerate launch`` (torchrun, gloo): examples/accelerate_train.py.
 
 The SIGKILL mid-epoch and resume, every batch and the final weights against an uninterrupted run, is
-``stateful-sampler verify`` on the example in tests/docs/test_examples.py."""
+``stateful-sampler verify`` on the example in tests/docs/test_examples.py; so is the ranks' split of each epoch without
+overlap, asserted on the uninterrupted run verify makes there."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch.utils.data import BatchSampler, DataLoader
 from stateful_sampler import ResumableLoader, StatefulSampler, TokenBudgetBatches
 from stateful_sampler.loader import DoubleShardingError
 from stateful_sampler.stream import ShardedStream
-from tests.integrations.harness import Run, assert_each_epoch_is_split_without_overlap, read_records, run
+from tests.integrations.harness import read_records, run
 from tests.stream_helpers import Rows
 
 accelerate = pytest.importorskip("accelerate")
@@ -23,23 +24,6 @@ from accelerate.data_loader import prepare_data_loader
 
 from stateful_sampler.accelerate import prepare_loader
 from tests.integrations.accelerate_configs_run import CONFIGS, records
-
-# `--cpu` alone runs one process unless MPI is installed; `--multi_gpu` picks Accelerate's torchrun launcher,
-# and the script's Accelerator(cpu=True) keeps it on the CPU with gloo.
-SCRIPT = ["python", "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-          "--mixed_precision", "no", "--dynamo_backend", "no", "examples/accelerate_train.py"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    root = tmp_path_factory.mktemp("accelerate-reference")
-    return run([*SCRIPT, "--root", str(root)], root / "records")
-
-
-@pytest.mark.slow
-def test_prepared_by_the_integration_the_ranks_split_each_epoch_without_overlap(reference: Run) -> None:
-    assert [len(batches) for batches in reference.records.values()] == [26, 26]
-    assert_each_epoch_is_split_without_overlap(reference.records, size=203, epochs=2)
 
 
 def test_accelerate_s_own_prepare_would_shard_the_sampler_twice_and_is_refused() -> None:
@@ -115,6 +99,8 @@ def test_split_batches_is_refused_because_the_sampler_already_gives_each_process
         prepare_loader(accelerator, loader)
 
 
+# `--cpu` alone runs one process unless MPI is installed; `--multi_gpu` picks Accelerate's torchrun launcher,
+# and the scripts' Accelerator(cpu=True) keeps them on the CPU with gloo.
 PREPARE_RUN = ["python", "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
                "1", "--mixed_precision", "no", "--dynamo_backend", "no", "tests/integrations/accelerate_prepare_run.py"]  # fmt: skip
 
