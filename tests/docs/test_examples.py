@@ -63,8 +63,8 @@ FRAMEWORKS = {
 RECORDED = ("accelerate", "hf_trainer")
 # Every run a test below asserts on, by name; {dir} is the run's own directory.
 RUNS: dict[str, list[str]] = {
-    **{name: [*VERIFY, str(kill_at), "--work-dir", "{dir}", "--", *command, "--root", "{run_dir}",
-              *(["--record", "{run_dir}/records"] if name in RECORDED else [])]
+    **{name: [*VERIFY, str(kill_at), *(["--work-dir", "{dir}"] if name in RECORDED else []), "--", *command,
+              "--root", "{run_dir}", *(["--record", "{run_dir}/records"] if name in RECORDED else [])]
        for name, (command, kill_at, _) in FRAMEWORKS.items()},
     "plain_loop": example("plain_loop.py", "--epochs", "2", "--stop-after", "40"),
     "lightning_ddp": example("lightning_ddp.py", "--root", "{dir}", "--max-epochs", "1"),
