@@ -266,38 +266,70 @@ def uninterrupted_batches() -> list[list[int]]:
     return batches
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("check", "step", "number", "group"),
-    [
-        ("steps", None, signal.SIGUSR1, False),
-        ("steps", None, signal.SIGUSR1, True),  # to the process group: the workers get it too
-        ("steps", None, signal.SIGTERM, False),
-        ("steps", 10, signal.SIGUSR1, True),  # right after an epoch's last step
-        ("steps", STEPS, signal.SIGTERM, False),  # after the run's last step: the resumed run trains nothing
-        ("bottom", None, signal.SIGUSR1, True),
-    ],
-)
-def test_a_signalled_training_process_saves_at_the_boundary_requeues_and_resumes_exactly(
-    tmp_path: Path, check: str, step: int | None, number: signal.Signals, group: bool
-) -> None:
-    # None: a step drawn per run, inside the test (a draw at collection would differ between xdist's workers)
-    step = random.Random().randrange(1, STEPS + 1) if step is None else step
-    first, events, code = run_preempted(tmp_path, check, step, number, group, exit_code=3)
-    assert code == 3, (step, events)
-    assert events[-1] == "requeue 4242" and "done" not in events
-    assert len(first) in (step, step + 1), (step, events)  # the boundary after the signal: at most one step later
+# Each link of a chain: the loop's check, when to signal it (a step of that process, or a rule drawn from the steps
+# left: see ``draw``), the signal, and whether the process group gets it (the workers too, as a scheduler may send it).
+# A link's run resumes from the state the previous link's run saved: one process per link, one more to the end.
+Link = tuple[str, str, signal.Signals, bool]
+
+
+def draw(rule: str, done: int, links_after: int) -> int:
+    """The step of the link's process to signal after, ``done`` steps trained before it. A step drawn per run
+    (a draw at collection would differ between xdist's workers), leaving each later link 2 steps and one more
+    (a run may train one step past its signal; a check at the top needs a batch after it)."""
+    left = STEPS - done
+    if rule == "epoch end":  # right after epoch 0's last step
+        return 10 - done
+    if rule == "last":  # after the run's last step: the resumed run trains nothing
+        return left
+    if rule == "epoch 0":
+        return random.Random().randrange(1, 10 - done - 1)
+    if rule == "handed":  # a batch must follow the signal to be handed out
+        return random.Random().randrange(1, left)
+    return random.Random().randrange(1, left - 2 * links_after)
+
+
+def run_chain(tmp_path: Path, links: list[Link]) -> None:
+    trained: list[list[int]] = []
+    for position, (check, rule, number, group) in enumerate(links):
+        step = draw(rule, len(trained), len(links) - position - 1)
+        exit_code = REQUEUE_EXIT_CODE if check == "top" else 3
+        first, events, code = run_preempted(tmp_path, check, step, number, group, exit_code=exit_code)
+        where = (check, rule, number.name, group, step, len(trained), events)
+        assert code == exit_code, where
+        assert events[-1] == "requeue 4242" and "done" not in events, where
+        assert len(first) in (step, step + 1), where  # the boundary after the signal: at most one step later
+        if check == "top":  # documented as wrong (docs/engines.md): the handed-out batch counts as consumed
+            first.append(json.loads(next(event for event in events if event.startswith("handed ")).partition(" ")[2]))
+        trained += first
     rest, resumed_events, resumed_code = run_to_the_end(tmp_path)
     assert resumed_code == 0 and resumed_events[-1] == "done"
-    assert first + rest == uninterrupted_batches(), f"signal {number.name} after step {step}"
+    if links[-1][1] == "last":
+        assert rest == []
+    assert trained + rest == uninterrupted_batches(), [link[:2] for link in links]
 
 
 @pytest.mark.slow
-def test_a_check_at_the_top_of_the_loop_body_loses_exactly_the_batch_it_was_handed(tmp_path: Path) -> None:
-    step = random.Random().randrange(1, STEPS)  # a batch must follow the signal to be handed out
-    first, events, code = run_preempted(tmp_path, "top", step, signal.SIGUSR1, False)
-    assert code == REQUEUE_EXIT_CODE
-    handed = json.loads(next(event for event in events if event.startswith("handed ")).partition(" ")[2])
-    rest, _, resumed_code = run_to_the_end(tmp_path)
-    assert resumed_code == 0
-    assert first + [handed] + rest == uninterrupted_batches()  # why docs/engines.md says: check after the step
+def test_signalled_training_processes_save_at_the_boundary_requeue_and_resume_exactly_each_from_the_last(
+    tmp_path: Path,
+) -> None:
+    """A run signalled mid epoch 0, its resumed run right after the epoch's last step (to the group), the next
+    mid epoch 1 (SIGTERM), the next after the run's last step: the run resumed from there trains nothing."""
+    run_chain(tmp_path, [
+        ("steps", "epoch 0", signal.SIGUSR1, False),
+        ("steps", "epoch end", signal.SIGUSR1, True),
+        ("steps", "any", signal.SIGTERM, False),
+        ("steps", "last", signal.SIGTERM, False),
+    ])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_check_after_the_step_is_exact_and_one_at_the_top_of_the_loop_body_loses_exactly_the_batch_handed(
+    tmp_path: Path,
+) -> None:
+    """The hand-written check after the step and ``steps`` with the group signalled, then the check at the top
+    of the body: the batch it was handed is lost (why docs/engines.md says: check after the step)."""
+    run_chain(tmp_path, [
+        ("bottom", "any", signal.SIGUSR1, True),
+        ("steps", "any", signal.SIGUSR1, True),
+        ("top", "handed", signal.SIGUSR1, False),
+    ])  # fmt: skip

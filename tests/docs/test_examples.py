@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integrations.harness import assert_each_epoch_is_split_without_overlap, read_records
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,9 +58,13 @@ FRAMEWORKS = {
     "dcp": ([*LAUNCH_2, "--master-port", str(free_port()), "examples/dcp_train.py"], 17,
             "52 (26 steps x 2 rank(s)), " + IDENTICAL + "52"),
 }  # fmt: skip
+# The uninterrupted run of these records its batches in {dir}/reference/records (verify's --work-dir): the ranks'
+# split of each epoch is asserted on it below, in the run verify makes anyway.
+RECORDED = ("accelerate", "hf_trainer")
 # Every run a test below asserts on, by name; {dir} is the run's own directory.
 RUNS: dict[str, list[str]] = {
-    **{name: [*VERIFY, str(kill_at), "--", *command, "--root", "{run_dir}"]
+    **{name: [*VERIFY, str(kill_at), *(["--work-dir", "{dir}"] if name in RECORDED else []), "--", *command,
+              "--root", "{run_dir}", *(["--record", "{run_dir}/records"] if name in RECORDED else [])]
        for name, (command, kill_at, _) in FRAMEWORKS.items()},
     "plain_loop": example("plain_loop.py", "--epochs", "2", "--stop-after", "40"),
     "lightning_ddp": example("lightning_ddp.py", "--root", "{dir}", "--max-epochs", "1"),
@@ -177,3 +183,23 @@ def test_framework_example_on_two_processes_is_verified_equal_after_a_sigkill_mi
     assert f"killed after step {kill_at}; resumed from the checkpoint at step {kill_at // 5 * 5}\n" in out
     assert f"batches compared: {compared}\n" in out
     assert "EQUAL: the killed and resumed run trained on exactly the batches" in out
+
+
+def test_the_hf_trainer_s_accelerate_sharding_is_a_pass_through_so_the_ranks_split_each_epoch_without_overlap(
+    runs: Callable[[str], tuple[str, Path]],
+) -> None:
+    """tests/integrations/test_hf_trainer.py's: the uninterrupted run of examples/hf_trainer.py on 2 processes."""
+    _, directory = runs("hf_trainer")
+    records = read_records(directory / "reference" / "records")
+    assert [len(batches) for batches in records.values()] == [34, 34]
+    assert_each_epoch_is_split_without_overlap(records, size=204, epochs=2)
+
+
+def test_prepared_by_the_accelerate_integration_the_ranks_split_each_epoch_without_overlap(
+    runs: Callable[[str], tuple[str, Path]],
+) -> None:
+    """tests/integrations/test_accelerate.py's: the uninterrupted run of examples/accelerate_train.py on 2 processes."""
+    _, directory = runs("accelerate")
+    records = read_records(directory / "reference" / "records")
+    assert [len(batches) for batches in records.values()] == [26, 26]
+    assert_each_epoch_is_split_without_overlap(records, size=203, epochs=2)

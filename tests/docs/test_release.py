@@ -154,10 +154,10 @@ def test_the_sdist_holds_every_file_its_tests_read(dist):
 
 
 def test_the_command_prints_its_version(user):
+    """``python -m stateful_sampler``; the ``stateful-sampler`` entry point's is the README demo block's last command."""
     bin_dir, work = user
-    assert run(bin_dir / "stateful-sampler", "--version", cwd=work).stdout == f"stateful-sampler {__version__}\n"
-    assert run(bin_dir / "python", "-m", "stateful_sampler", "--version", cwd=work).stdout.startswith(
-        "stateful-sampler"
+    assert run(bin_dir / "python", "-m", "stateful_sampler", "--version", cwd=work).stdout == (
+        f"stateful-sampler {__version__}\n"
     )
 
 
@@ -178,18 +178,10 @@ def test_the_lightning_example_trains(user):
     assert result.stdout.splitlines()[-1] == "trained to step 57, epoch 1; last checkpoint in runs/example"
 
 
-def test_audit_config_runs_on_the_shipped_config(user):
-    bin_dir, work = user
-    config = run(bin_dir / "python", "-m", "stateful_sampler.demo", "--shipped-config", cwd=work).stdout
-    (work / "digits.yaml").write_text(config)
-    result = run(bin_dir / "stateful-sampler", "audit", "--config", "digits.yaml", "--world-size", "2", cwd=work)
-    assert result.stdout.startswith("Coverage audit: 1797 records on 2 rank(s), strategy=uniform, tail=pad")
-    assert result.stderr == ""
-
-
 def test_the_readme_demo_block_runs_as_written(user):
     """The README's demo commands, in order, in the user's venv (which has the demo extra the block's
-    first line installs): the shipped configs, a fresh fit, the resume on top of it, the audit."""
+    first line installs): the shipped configs, a fresh fit, the resume on top of it, ``stateful-sampler audit
+    --config`` on the shipped config, the entry point's ``--version``."""
     bin_dir, work = user
     readme = (ROOT / "README.md").read_text()
     block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.DOTALL) if "stateful_sampler.demo" in b)
@@ -198,8 +190,12 @@ def test_the_readme_demo_block_runs_as_written(user):
     demo = work / "demo"
     demo.mkdir()
     path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    outputs = {}
     for command in commands[1:]:
-        done = run("bash", "-c", f"export PATH={shlex.quote(path)}; {command}", cwd=demo)
+        done = outputs[command] = run("bash", "-c", f"export PATH={shlex.quote(path)}; {command}", cwd=demo)
+    [audit] = [done for command, done in outputs.items() if command.startswith("stateful-sampler audit --config ")]
+    assert audit.stdout.startswith("Coverage audit: 1797 records on 8 rank(s), strategy=uniform, tail=pad")
+    assert audit.stderr == ""
     assert done.stdout == f"stateful-sampler {__version__}\n"  # the block's last command
     assert (demo / "runs" / "digits" / "checkpoints" / "last.ckpt").is_file()
 

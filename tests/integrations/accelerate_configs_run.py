@@ -25,7 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from stateful_sampler import StatefulSampler, TokenBudgetBatches
 from stateful_sampler.accelerate import prepare_loader
 from stateful_sampler.stream import ShardedStream
+from tests.integrations.accelerate_prepare_run import main as prepare_all
 from tests.stream_helpers import Rows
+
+# Not a configuration of prepare_data_loader: accelerator.prepare(model, optimizer, loader), written to
+# DIR/<PREPARE_ALL>/ as accelerate_prepare_run.py writes it (test_accelerate.py launches both scripts once).
+PREPARE_ALL = "prepare-model-optimizer-loader"
 
 SIZE, BATCH = 40, 4
 STREAM_COUNTS = [10, 10, 10, 10]  # records 0..9, 100..109, 200..209, 300..309
@@ -138,7 +143,9 @@ def run(name: str, config: Config, out: Path, rank_of: Any) -> bool:
 
 def main(names: list[str], out: Path, lone: bool) -> None:
     for name in names:
-        if run(name, CONFIGS[name], out, lambda accelerator: accelerator.process_index) and lone:
+        if name == PREPARE_ALL:  # accelerate_prepare_run.py's, in the same launch
+            prepare_all(out / name)
+        elif run(name, CONFIGS[name], out, lambda accelerator: accelerator.process_index) and lone:
             sys.stdout.flush()
             os._exit(1)  # the other ranks wait in a collective of Accelerate's: the launcher stops them
 

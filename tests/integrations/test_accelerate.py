@@ -1,7 +1,8 @@
 """HF Accelerate, 2 CPU processes launched by ``accelerate launch`` (torchrun, gloo): examples/accelerate_train.py.
 
 The SIGKILL mid-epoch and resume, every batch and the final weights against an uninterrupted run, is
-``stateful-sampler verify`` on the example in tests/docs/test_examples.py."""
+``stateful-sampler verify`` on the example in tests/docs/test_examples.py; so is the ranks' split of each epoch without
+overlap, asserted on the uninterrupted run verify makes there."""
 
 from __future__ import annotations
 
@@ -15,31 +16,14 @@ from torch.utils.data import BatchSampler, DataLoader
 from stateful_sampler import ResumableLoader, StatefulSampler, TokenBudgetBatches
 from stateful_sampler.loader import DoubleShardingError
 from stateful_sampler.stream import ShardedStream
-from tests.integrations.harness import Run, assert_each_epoch_is_split_without_overlap, read_records, run
+from tests.integrations.harness import read_records, run
 from tests.stream_helpers import Rows
 
 accelerate = pytest.importorskip("accelerate")
 from accelerate.data_loader import prepare_data_loader
 
 from stateful_sampler.accelerate import prepare_loader
-from tests.integrations.accelerate_configs_run import CONFIGS, records
-
-# `--cpu` alone runs one process unless MPI is installed; `--multi_gpu` picks Accelerate's torchrun launcher,
-# and the script's Accelerator(cpu=True) keeps it on the CPU with gloo.
-SCRIPT = ["python", "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-          "--mixed_precision", "no", "--dynamo_backend", "no", "examples/accelerate_train.py"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    root = tmp_path_factory.mktemp("accelerate-reference")
-    return run([*SCRIPT, "--root", str(root)], root / "records")
-
-
-@pytest.mark.slow
-def test_prepared_by_the_integration_the_ranks_split_each_epoch_without_overlap(reference: Run) -> None:
-    assert [len(batches) for batches in reference.records.values()] == [26, 26]
-    assert_each_epoch_is_split_without_overlap(reference.records, size=203, epochs=2)
+from tests.integrations.accelerate_configs_run import CONFIGS, PREPARE_ALL, records
 
 
 def test_accelerate_s_own_prepare_would_shard_the_sampler_twice_and_is_refused() -> None:
@@ -115,19 +99,30 @@ def test_split_batches_is_refused_because_the_sampler_already_gives_each_process
         prepare_loader(accelerator, loader)
 
 
-PREPARE_RUN = ["python", "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-               "1", "--mixed_precision", "no", "--dynamo_backend", "no", "tests/integrations/accelerate_prepare_run.py"]  # fmt: skip
+# `--cpu` alone runs one process unless MPI is installed; `--multi_gpu` picks Accelerate's torchrun launcher,
+# and the scripts' Accelerator(cpu=True) keeps them on the CPU with gloo.
+CONFIGS_RUN = ["python", "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+               "1", "--mixed_precision", "no", "--dynamo_backend", "no", "tests/integrations/accelerate_configs_run.py"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def configurations(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One launch on 2 processes of every configuration below that all ranks reach (not ``LONE``), then
+    accelerate_prepare_run.py's ``accelerator.prepare(model, optimizer, loader)``: each its own directory."""
+    out = tmp_path_factory.mktemp("accelerate-configurations")
+    run([*CONFIGS_RUN, ",".join([*(name for name in CONFIGS if name not in LONE), PREPARE_ALL])], out)
+    return out
 
 
 @pytest.mark.slow
 def test_accelerate_s_own_prepare_of_a_stateful_sampler_loader_on_two_processes_is_refused_naming_prepare_loader(
-    tmp_path: Path,
+    configurations: Path,
 ) -> None:
     """Issue 20, item 3: accelerator.prepare(model, optimizer, loader) sharded the sampler's share a second time
     (each of 2 ranks saw 10 of 40 records) without a word."""
-    result = run(PREPARE_RUN, tmp_path / "records")
-    errors = sorted((tmp_path / "records").glob("rank*.error"))
-    assert result.records == {} or all(not batches for batches in result.records.values())
+    records = read_records(configurations / PREPARE_ALL)
+    errors = sorted((configurations / PREPARE_ALL).glob("rank*.error"))
+    assert records == {} or all(not batches for batches in records.values())
     assert [path.name for path in errors] == ["rank0.error", "rank1.error"]
     for path in errors:
         message = path.read_text().splitlines()[0]
@@ -135,7 +130,6 @@ def test_accelerate_s_own_prepare_of_a_stateful_sampler_loader_on_two_processes_
         assert "stateful_sampler.accelerate.prepare_loader(accelerator, loader)" in message
 
 
-CONFIGS_RUN = [*PREPARE_RUN[:-1], "tests/integrations/accelerate_configs_run.py"]
 # Configurations in which some ranks never reach the sampler before one of Accelerate's collectives: with
 # dispatch_batches and no workers only process 0 draws, and a batch sampler gets no set_epoch from the dispatcher.
 # Process 0 refuses and exits; the launcher stops the rest. With a BatchSampler as the sampler the dispatcher drops
@@ -167,17 +161,16 @@ def configs_outcome(directory: Path, name: str) -> dict[int, dict]:
 
 @pytest.mark.slow
 def test_every_configuration_of_prepare_is_refused_on_every_rank_and_prepare_loader_splits_each_epoch(
-    tmp_path: Path,
+    configurations: Path,
 ) -> None:
     """Issue 25, item 1: every branch of Accelerate's prepare_data_loader that a loader over a StatefulSampler,
     a batch sampler of ours or a ShardedStream can take on 2 processes (accelerate_configs_run.py): refused with
     DoubleShardingError on each rank, before the first batch, naming prepare_loader; or refused by Accelerate
     itself. prepare_loader under the options it accepts: each rank its own half, together every record once."""
     names = [name for name in CONFIGS if name not in LONE]
-    run([*CONFIGS_RUN, ",".join(names)], tmp_path)
-    assert read_records(tmp_path) == {}
+    assert read_records(configurations) == {}
     for name in names:
-        outcome = configs_outcome(tmp_path, name)
+        outcome = configs_outcome(configurations, name)
         assert sorted(outcome) == [0, 1], name
         family = name.rsplit("-w", 1)[0]
         refusal = next((text for prefix, text in {**ACCELERATE_REFUSES, **OURS_REFUSES}.items()
