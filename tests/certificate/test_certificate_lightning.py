@@ -4,16 +4,19 @@ restarted without its checkpoint (the data position not restored) did not, and c
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
 import subprocess
 import sys
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
 
 from stateful_sampler.certificate import compare, read_run
+from stateful_sampler.certificate.cli import main
 from stateful_sampler.certificate.format import rank_files
 
 pytest.importorskip("lightning")
@@ -32,11 +35,13 @@ def launch(certificate: Path, directory: Path, kill_at: int = 0, resume: bool = 
     assert result.returncode == expected, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-def certificate_compare(first: Path, second: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stateful_sampler", "certificate", "compare", str(first), str(second)],
-        capture_output=True, text=True, check=False, cwd=ROOT, timeout=120,
-    )  # fmt: skip
+def certificate_compare(first: Path, second: Path) -> tuple[int, str]:
+    """``stateful-sampler certificate compare``'s exit code and output, in this process (test_certificate_kills.py
+    runs the command in a process of its own)."""
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["compare", str(first), str(second)])
+    return code, out.getvalue()
 
 
 @pytest.mark.slow
@@ -57,16 +62,16 @@ def test_a_killed_and_resumed_fit_certifies_the_uninterrupted_data(tmp_path: Pat
     assert [(start["start_step"], start["restored"]) for start in run.starts] == [(0, False), (3, True), (12, True)]
     comparison = compare(read_run(plain), run)
     assert (comparison.code, comparison.rule) == (0, "step by step"), comparison.report()
-    result = certificate_compare(plain, killed)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "EQUAL: the same data step by step (20 steps)" in result.stdout.splitlines(), result.stdout
-    assert "2 resumes, world size 1" in result.stdout
+    code, out = certificate_compare(plain, killed)
+    assert code == 0, out
+    assert "EQUAL: the same data step by step (20 steps)" in out.splitlines(), out
+    assert "2 resumes, world size 1" in out
 
     launch(broken, broken_directory, resume=False)  # the fit starts again; the data position is not restored
-    result = certificate_compare(plain, broken)
-    assert result.returncode == 1, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    assert "DIFFERENT: first at step 3 (epoch 0)" in lines, result.stdout
+    code, out = certificate_compare(plain, broken)
+    assert code == 1, out
+    lines = out.splitlines()
+    assert "DIFFERENT: first at step 3 (epoch 0)" in lines, out
     plain_records = read_run(plain).steps[3].records()
     broken_records = read_run(broken).steps[3].records()
     assert broken_records == read_run(plain).steps[0].records() != plain_records

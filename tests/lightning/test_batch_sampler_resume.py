@@ -60,18 +60,34 @@ def test_lightning_resumes_token_budget_batches_exactly_from_each_checkpoint(wor
         assert torch.equal(resumed.layer.weight, uninterrupted.layer.weight), name
 
 
+KILLED_WORKERS = (0, 2)
+
+
+@pytest.fixture(scope="module")
+def killed_fits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """killed_budget_run.py once for every worker count: one launch of Lightning, each fit SIGKILLed in a
+    forked child of its own; ``directory/workers<N>`` holds its checkpoints."""
+    directory = tmp_path_factory.mktemp("killed-budget")
+    script = Path(__file__).with_name("killed_budget_run.py")
+    killed = subprocess.run([sys.executable, str(script), str(directory), *map(str, KILLED_WORKERS)],
+                            start_new_session=True, capture_output=True, text=True, timeout=2 * TIMEOUT,
+                            check=False)  # fmt: skip
+    assert killed.returncode == 0, killed.stdout + killed.stderr[-3000:]
+    assert killed.stdout.splitlines() == [f"workers{workers}: {-signal.SIGKILL}" for workers in KILLED_WORKERS], (
+        killed.stdout + killed.stderr[-3000:]
+    )
+    return directory
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_fit_over_token_budget_batches_killed_with_sigkill_resumes_exactly(workers: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", KILLED_WORKERS)
+def test_a_fit_over_token_budget_batches_killed_with_sigkill_resumes_exactly(workers: int, killed_fits: Path) -> None:
     setup = BUDGET_SETUP.with_(num_workers=workers)
     uninterrupted = fit(setup, model_class=BudgetModel)
-    script = Path(__file__).with_name("killed_budget_run.py")
-    killed = subprocess.run([sys.executable, str(script), str(tmp_path), str(workers)], start_new_session=True,
-                            timeout=TIMEOUT, check=False)  # fmt: skip
-    assert killed.returncode == -signal.SIGKILL
-    checkpoint: dict[str, Any] = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    directory = killed_fits / f"workers{workers}"
+    checkpoint: dict[str, Any] = torch.load(directory / "last.ckpt", weights_only=False)
     assert checkpoint["global_step"] == 8 and len(checkpoint["records"][0]) == 8  # mid-epoch 0 (17 batches)
-    resumed = fit(setup, [every_4_steps(tmp_path)], ckpt_path="last", model_class=BudgetModel,
+    resumed = fit(setup, [every_4_steps(directory)], ckpt_path="last", model_class=BudgetModel,
                   enable_checkpointing=True)  # fmt: skip
     assert resumed.record == uninterrupted.record
     assert resumed.epochs == uninterrupted.epochs[8:]

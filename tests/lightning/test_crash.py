@@ -4,19 +4,25 @@ group: every DDP rank and DataLoader worker) after a checkpoint was written, the
 record, per rank and step (dataset indices and a hash of the batch tensors, so augmentation
 counts too), and the final weights must be bitwise equal.
 
-Kill points are drawn from a seeded RNG; the seed and the point are in each test id.
+Kill points are drawn from a seeded RNG; the seed and the point are in each test id. The first
+single-process kill is ``stateful-sampler verify``'s (seed 1234 from the config): its runs serve the
+crash test there and the test of verify's report on a correct setup.
 """
 
 from __future__ import annotations
 
+import io
 import random
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from stateful_sampler.verify.cli import EXIT_EQUAL, main
 from stateful_sampler.verify.lightning_cli.launch import LightningCLILaunch as RunSettings
-from stateful_sampler.verify.recorder import BatchRecord, RunRecord
+from stateful_sampler.verify.recorder import BatchRecord, RunRecord, read_run
 from stateful_sampler.verify.runner import run_and_kill, run_training
 from tests.lightning.verify_harness import digits_config
 
@@ -59,21 +65,54 @@ def assert_crash_resume_exact(reference: RunRecord, killed: RunRecord, resumed: 
         assert torch.equal(resumed.weights[name], tensor), name
 
 
+@dataclass(frozen=True)
+class Verified:
+    """One ``stateful-sampler verify`` of the single-process config, killed at the first kill point: its
+    uninterrupted, killed and resumed runs serve the crash test at that point, its report the verify test."""
+
+    config: Path
+    work_dir: Path
+    code: int
+    out: str
+    err: str
+
+    def run(self, name: str) -> RunRecord:
+        return read_run(self.work_dir / ("reference" if name == "reference" else "crash") / name)
+
+
 @pytest.fixture(scope="module")
-def single_process(tmp_path_factory: pytest.TempPathFactory, one_thread: None) -> tuple[RunSettings, RunRecord]:
+def verified(tmp_path_factory: pytest.TempPathFactory, one_thread: None) -> Verified:
     directory = tmp_path_factory.mktemp("crash-single")
-    settings = RunSettings(digits_config(directory), seed=1234, devices=None, timeout=TIMEOUT)
-    (directory / "reference").mkdir()
-    return settings, run_training(settings, directory / "reference", "reference")
+    config = digits_config(directory)
+    arguments = ["--config", str(config), "--kill-at", str(SINGLE_KILLS[0]), "--work-dir", str(directory / "work")]
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(arguments)
+    return Verified(config, directory / "work", code, out.getvalue(), err.getvalue())
+
+
+def test_verify_passes_on_a_correct_setup(verified: Verified) -> None:
+    kill_at, resumed_from, steps = 19, 10, 58  # killed after 19 steps, resumed from the checkpoint at 10
+    assert SINGLE_KILLS[0] == kill_at
+    assert verified.code == EXIT_EQUAL, verified.out + verified.err
+    assert f"killed after step {kill_at}; resumed from the checkpoint at step {resumed_from}\n" in verified.out
+    assert (
+        f"batches compared: {steps} ({steps} steps x 1 rank(s)), identical to the uninterrupted run's: {steps}\n"
+        in verified.out
+    )
+    assert "EQUAL: the killed and resumed run trained on exactly the batches" in verified.out
+    assert "DIVERGED" not in verified.out
 
 
 @pytest.mark.parametrize("kill_at", [pytest.param(k, id=f"seed{SEED}-kill@{k}") for k in SINGLE_KILLS])
-def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(
-    single_process: tuple[RunSettings, RunRecord], kill_at: int, tmp_path: Path
-) -> None:
-    settings, reference = single_process
-    killed = run_and_kill(settings, tmp_path, "killed", kill_at)
-    resumed = run_training(settings, tmp_path, "resumed", resume=True)
+def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(verified: Verified, kill_at: int, tmp_path: Path) -> None:
+    reference = verified.run("reference")
+    if kill_at == SINGLE_KILLS[0]:  # verify killed and resumed the run there
+        killed, resumed = verified.run("killed"), verified.run("resumed")
+    else:
+        settings = RunSettings(verified.config, seed=1234, devices=None, timeout=TIMEOUT)
+        killed = run_and_kill(settings, tmp_path, "killed", kill_at)
+        resumed = run_training(settings, tmp_path, "resumed", resume=True)
     assert_crash_resume_exact(reference, killed, resumed, kill_at)
 
 
