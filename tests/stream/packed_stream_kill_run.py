@@ -39,21 +39,16 @@ def write_shards(folder: Path) -> list[str]:
     return names
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("shards", type=Path)
-    parser.add_argument("root", type=Path)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--kill-after", type=int)
-    args = parser.parse_args()
-    stream = ShardedStream(write_shards(args.shards), ParquetReader(), batch_size=3, window=2, seed=3)
+def train(shards: Path, root: Path, workers: int, kill_after: int | None = None) -> None:
+    """The loop, appending to ROOT/record.jsonl; the test runs an uninterrupted one in its own process."""
+    stream = ShardedStream(write_shards(shards), ParquetReader(), batch_size=3, window=2, seed=3)
     packed = PackedStream(stream, SEQ_LEN, batch_size=BATCH, window=8)
-    loader = ResumableLoader(packed.loader(num_workers=args.workers))
-    checkpoint = args.root / "checkpoint.pt"
+    loader = ResumableLoader(packed.loader(num_workers=workers))
+    checkpoint = root / "checkpoint.pt"
     if checkpoint.exists():
         loader.load_state_dict(torch.load(checkpoint))
     steps = 0
-    with (args.root / "record.jsonl").open("a") as record:
+    with (root / "record.jsonl").open("a") as record:
         for epoch in range(loader.epoch, EPOCHS):
             loader.set_epoch(epoch)
             for batch in loader:
@@ -62,8 +57,18 @@ def main() -> None:
                 torch.save(loader.state_dict(), checkpoint.with_suffix(".tmp"))
                 checkpoint.with_suffix(".tmp").replace(checkpoint)
                 steps += 1
-                if steps == args.kill_after:
+                if steps == kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("shards", type=Path)
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--kill-after", type=int)
+    args = parser.parse_args()
+    train(args.shards, args.root, args.workers, args.kill_after)
 
 
 if __name__ == "__main__":

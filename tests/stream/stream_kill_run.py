@@ -7,7 +7,7 @@
 -- COMMAND`` (a model, a checkpoint every 5 steps, ``record_weights`` at the end). Each consumed batch (record ids and the seeded
 augmentation's noise) is appended to ROOT/record.jsonl, flushed; the checkpoint is written after every
 step and loaded when it exists; ``--kill-after K`` SIGKILLs the process, workers and all, right after
-step K's checkpoint.
+step K's checkpoint (K counted from the process's start, a resumed one's too).
 """
 
 from __future__ import annotations
@@ -114,6 +114,26 @@ def verified(root: Path) -> None:
     record_weights(model)
 
 
+def train(framework: str, root: Path, workers: int, kill_after: int | None = None, reader: str | None = None,
+          shards: Path | None = None) -> None:  # fmt: skip
+    """The loop, appending to ROOT/record.jsonl; the tests run an uninterrupted ``plain`` one in their process."""
+    checkpoint = root / "checkpoint"
+    loader, save, _runner = {"plain": plain, "fabric": fabric, "accelerate": accelerate}[framework](
+        make_stream(reader, shards), workers, checkpoint
+    )
+    steps = 0
+    with (root / "record.jsonl").open("a") as record:
+        for epoch in range(loader.epoch, EPOCHS):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                record.write(json.dumps({"epoch": epoch, "batch": batch.tolist()}) + "\n")
+                record.flush()
+                save()
+                steps += 1
+                if steps == kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("framework", choices=["plain", "fabric", "accelerate", "verify"])
@@ -126,21 +146,7 @@ def main() -> None:
     torch.manual_seed(1234)  # must not matter: order and augmentation never come from the global RNG
     if args.framework == "verify":
         return verified(args.root)
-    checkpoint = args.root / "checkpoint"
-    loader, save, _runner = {"plain": plain, "fabric": fabric, "accelerate": accelerate}[args.framework](
-        make_stream(args.reader, args.shards), args.workers, checkpoint
-    )
-    steps = 0
-    with (args.root / "record.jsonl").open("a") as record:
-        for epoch in range(loader.epoch, EPOCHS):
-            loader.set_epoch(epoch)
-            for batch in loader:
-                record.write(json.dumps({"epoch": epoch, "batch": batch.tolist()}) + "\n")
-                record.flush()
-                save()
-                steps += 1
-                if steps == args.kill_after:
-                    os.kill(os.getpid(), signal.SIGKILL)
+    train(args.framework, args.root, args.workers, args.kill_after, args.reader, args.shards)
 
 
 if __name__ == "__main__":

@@ -1,88 +1,30 @@
-"""A Lightning fit on a ``ShardedStream`` in a ``LightningDataModule``, with ``SamplerCheckpoint``: the
-README's pattern, run as its own process by ``test_stream_lightning.py``.
+"""The stream of the Lightning fits of ``test_stream_lightning.py``, and their process:
+``python -m tests.stream.stream_lightning_run ROOT WORKERS DEVICES KILL_AT`` (KILL_AT 0: no kill) runs
+``stream_lightning_fit.main``; Lightning launches the DDP ranks itself (gloo, CPU).
 
-``python -m tests.stream.stream_lightning_run ROOT WORKERS DEVICES KILL_AT`` (KILL_AT 0: no kill). Lightning
-launches the DDP ranks itself (gloo, CPU). Every rank appends each training step's record ids to
-ROOT/rank<r>.jsonl; ``last.ckpt`` is written every 3 steps and the fit resumes from it when it exists.
-Rank 0 SIGKILLs the whole process group (every rank and DataLoader worker) after step KILL_AT.
+Lightning is imported under the ``__name__`` guard only: a DataLoader worker started from a fork server runs
+this module again as its ``__mp_main__``, and the test computes the order in-process, with torch alone.
 """
 
 from __future__ import annotations
 
-import json
-import multiprocessing
-import os
-import signal
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
-
-from stateful_sampler.lightning import SamplerCheckpoint
-from stateful_sampler.stream import ShardedStream, StreamLoader
+from stateful_sampler.stream import ShardedStream
 from tests.stream_helpers import Rows, as_tensor
-
-warnings.filterwarnings("ignore")
 
 COUNTS, BATCH, EPOCHS = [7, 5, 0, 9, 4, 6, 8], 2, 2  # 39 records: 10 steps an epoch on 2 ranks, 20 on 1
 
 
-class StreamData(LightningDataModule):
-    """The stream is built in ``train_dataloader``, once the process group exists, and
-    ``stream.loader`` sets the batching: nothing else to wire."""
-
-    def __init__(self, workers: int) -> None:
-        super().__init__()
-        self.workers = workers
-
-    def train_dataloader(self) -> StreamLoader:
-        stream = ShardedStream([str(i) for i in range(len(COUNTS))], Rows(COUNTS), batch_size=BATCH, window=2, seed=5,
-                               transform=as_tensor)  # fmt: skip
-        # Forking a worker from a rank whose gloo threads run can hang the child: start them from a fork server.
-        return stream.loader(num_workers=self.workers, multiprocessing_context="forkserver" if self.workers else None)
-
-
-class Recording(LightningModule):
-    def __init__(self, root: Path) -> None:
-        super().__init__()
-        self.root = root
-        self.layer = torch.nn.Linear(1, 1)
-
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        line = {"step": self.global_step, "epoch": self.current_epoch, "ids": batch[:, 0].int().tolist()}
-        with (self.root / f"rank{self.global_rank}.jsonl").open("a") as record:
-            record.write(json.dumps(line) + "\n")
-        return self.layer(batch / 1000).pow(2).mean()
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-class KillAt(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
-        if trainer.global_step == self.step and trainer.global_rank == 0:
-            os.killpg(os.getpgrp(), signal.SIGKILL)
-
-
-def main(root: Path, workers: int, devices: int, kill_at: int) -> None:
-    # A worker started from a fork server runs this module again as its __main__: from a server that
-    # imported it (and Lightning, seconds) once, not each worker of each epoch importing Lightning anew.
-    multiprocessing.set_forkserver_preload(["tests.stream.stream_lightning_run"])
-    checkpoint = ModelCheckpoint(root, every_n_train_steps=3, save_top_k=-1, save_last=True)
-    callbacks: list[Callback] = [SamplerCheckpoint(), checkpoint] + ([KillAt(kill_at)] if kill_at else [])
-    trainer = Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-                      max_epochs=EPOCHS, callbacks=callbacks, logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0)  # fmt: skip
-    last = root / "last.ckpt"
-    trainer.fit(Recording(root), StreamData(workers), ckpt_path=str(last) if last.exists() else None)
+def make_stream(**kwargs: Any) -> ShardedStream:
+    """The fits' stream; ``num_replicas`` and ``rank`` default to the process group."""
+    return ShardedStream([str(i) for i in range(len(COUNTS))], Rows(COUNTS), batch_size=BATCH, window=2, seed=5,
+                         transform=as_tensor, **kwargs)  # fmt: skip
 
 
 if __name__ == "__main__":
+    from tests.stream.stream_lightning_fit import main
+
     main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))

@@ -1,6 +1,7 @@
 """Lightning with ``SamplerCheckpoint`` over a ``ShardedStream`` in a ``LightningDataModule``: a fit stopped
 by ``max_steps`` resumes exactly in-process, and 2 DDP processes with 2 workers each, SIGKILLed
-mid-epoch, resume exactly on both ranks (tests/stream/stream_lightning_run.py, the README's pattern)."""
+mid-epoch, resume exactly on both ranks, each the stream's order for its rank
+(tests/stream/stream_lightning_fit.py, the README's pattern)."""
 
 from __future__ import annotations
 
@@ -53,19 +54,28 @@ def steps(root: Path, rank: int) -> list[dict]:
     return [line for line in lines[: restarts[0]] if line["step"] < resumed[0]["step"]] + resumed
 
 
+def uninterrupted(rank: int, world_size: int) -> list[dict]:
+    """The steps an uninterrupted fit records on ``rank``: the stream's epochs, iterated here."""
+    from tests.stream.stream_lightning_run import EPOCHS, make_stream
+
+    stream, lines = make_stream(num_replicas=world_size, rank=rank), []
+    for epoch in range(EPOCHS):
+        stream.set_epoch(epoch)
+        for batch in stream.loader():
+            lines.append({"step": len(lines), "epoch": epoch, "ids": batch[:, 0].int().tolist()})
+    return lines
+
+
 @pytest.mark.slow
 def test_lightning_ddp_on_a_stream_killed_mid_epoch_resumes_exactly_with_2_workers(tmp_path: Path) -> None:
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    whole.mkdir(), cut.mkdir()
-    launch(whole, workers=0, devices=2)
-    launch(cut, workers=2, devices=2, kill_at=13)  # epoch 1, step 3 of 10; last checkpoint at step 12
-    assert (cut / "last.ckpt").exists() and len((cut / "rank0.jsonl").read_text().splitlines()) == 13
-    launch(cut, workers=2, devices=2)
+    launch(tmp_path, workers=2, devices=2, kill_at=13)  # epoch 1, step 3 of 10; last checkpoint at step 12
+    assert (tmp_path / "last.ckpt").exists() and len((tmp_path / "rank0.jsonl").read_text().splitlines()) == 13
+    launch(tmp_path, workers=2, devices=2)
     for rank in range(2):
-        expected = steps(whole, rank)
+        expected = uninterrupted(rank, world_size=2)
         assert [line["step"] for line in expected] == list(range(20))
-        assert steps(cut, rank) == expected
-    ids = [i for rank in range(2) for line in steps(whole, rank) if line["epoch"] == 0 for i in line["ids"]]
+        assert steps(tmp_path, rank) == expected
+    ids = [i for rank in range(2) for line in uninterrupted(rank, 2) if line["epoch"] == 0 for i in line["ids"]]
     assert len(ids) == 40 and len(set(ids)) == 39  # every record once, one marked repeat evens out the ranks
 
 
@@ -74,7 +84,7 @@ def test_lightning_on_a_stream_stopped_by_max_steps_resumes_exactly_in_process(t
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from stateful_sampler.lightning import SamplerCheckpoint
-    from tests.stream.stream_lightning_run import Recording, StreamData
+    from tests.stream.stream_lightning_fit import Recording, StreamData
 
     def fit(root: Path, max_steps: int, ckpt_path: str | None = None) -> None:
         trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, max_steps=max_steps, logger=False,
@@ -101,7 +111,7 @@ def test_lightning_on_a_plain_dataloader_over_a_stream_stops_with_the_streams_er
 
     from stateful_sampler.lightning import SamplerCheckpoint
     from stateful_sampler.stream import StreamSetupError
-    from tests.stream.stream_lightning_run import Recording, StreamData
+    from tests.stream.stream_lightning_fit import Recording, StreamData
 
     class PlainLoader(StreamData):
         def train_dataloader(self) -> DataLoader:
@@ -122,7 +132,7 @@ def test_lightning_resuming_a_stream_without_sampler_checkpoint_is_refused(tmp_p
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from stateful_sampler.stream import StreamSetupError
-    from tests.stream.stream_lightning_run import Recording, StreamData
+    from tests.stream.stream_lightning_fit import Recording, StreamData
 
     def fit(max_steps: int, ckpt_path: str | None = None) -> None:
         trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, max_steps=max_steps, logger=False,
