@@ -103,8 +103,6 @@ def main(argv: list[str] | None = None) -> None:
     record_weights(trainer.model)  # for `stateful-sampler verify -- torchrun ... examples/hf_trainer.py ...`
     if training.process_index == 0:
         print(f"trained to step {trainer.state.global_step}; final weights {weights_digest(trainer.model)}")
-    if torch.distributed.is_initialized():  # gloo's threads, left running at exit, can abort the process (SIGABRT)
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Each rank appends its consumed records to RECORD/rank{R}.jsonl and writes RECORD
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -53,8 +54,13 @@ def main(output: Path, epochs: int, record: Path) -> None:
     trainer.train(resume_from_checkpoint=resume)
     summary = {"max_steps": trainer.state.max_steps, "global_step": trainer.state.global_step}
     (record / f"rank{rank}.json").write_text(json.dumps(summary))
-    if torch.distributed.is_initialized():  # gloo's threads, left running at exit, can abort the process (SIGABRT)
-        torch.distributed.destroy_process_group()
+    out.close()
+    # End without the interpreter's teardown: torch 2.13's gloo group, destroyed while its worker thread is still
+    # releasing the Trainer's last all_gather, deadlocks (destroy_process_group: the destructor holds the GIL the
+    # thread waits for) or aborts the process (at exit: "terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
