@@ -185,21 +185,13 @@ def test_framework_example_on_two_processes_is_verified_equal_after_a_sigkill_mi
     assert "EQUAL: the killed and resumed run trained on exactly the batches" in out
 
 
-def test_the_hf_trainer_s_accelerate_sharding_is_a_pass_through_so_the_ranks_split_each_epoch_without_overlap(
-    runs: Callable[[str], tuple[str, Path]],
+@pytest.mark.parametrize(("framework", "steps", "size"), [("hf_trainer", 34, 204), ("accelerate", 26, 203)])
+def test_the_framework_s_sharding_is_a_pass_through_so_the_ranks_split_each_epoch_without_overlap(
+    framework: str, steps: int, size: int, runs: Callable[[str], tuple[str, Path]]
 ) -> None:
-    """tests/integrations/test_hf_trainer.py's: the uninterrupted run of examples/hf_trainer.py on 2 processes."""
-    _, directory = runs("hf_trainer")
+    """Moved from tests/integrations/test_hf_trainer.py and test_accelerate.py: checked on verify's uninterrupted run of
+    the example on 2 processes (the HF Trainer's Accelerate sharding, and our Accelerate integration's prepare)."""
+    _, directory = runs(framework)
     records = read_records(directory / "reference" / "records")
-    assert [len(batches) for batches in records.values()] == [34, 34]
-    assert_each_epoch_is_split_without_overlap(records, size=204, epochs=2)
-
-
-def test_prepared_by_the_accelerate_integration_the_ranks_split_each_epoch_without_overlap(
-    runs: Callable[[str], tuple[str, Path]],
-) -> None:
-    """tests/integrations/test_accelerate.py's: the uninterrupted run of examples/accelerate_train.py on 2 processes."""
-    _, directory = runs("accelerate")
-    records = read_records(directory / "reference" / "records")
-    assert [len(batches) for batches in records.values()] == [26, 26]
-    assert_each_epoch_is_split_without_overlap(records, size=203, epochs=2)
+    assert [len(batches) for batches in records.values()] == [steps, steps]
+    assert_each_epoch_is_split_without_overlap(records, size=size, epochs=2)
