@@ -130,7 +130,8 @@ class MapStyle:
             records = [u.content for u in consumed] + list(after.values())
         elif order == "mixture-continue":
             splice = state["strategy_state"]["splice"]
-            assert splice == min((state["packing"]["window"] + 1) * WINDOW, NUM_SAMPLES)
+            window = state["packing"]["window"]  # the saved row's: the splice is at its end (its start if unread)
+            assert splice in (window * WINDOW, min((window + 1) * WINDOW, NUM_SAMPLES))
             saving, n = _strategy(order, resumed=False), sum(SIZES)
             draws = [*saving.draws_before(0, splice).tolist(), 0]
             continued = _strategy(order, resumed=True).continued_at(splice, draws)

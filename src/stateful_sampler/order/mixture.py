@@ -371,9 +371,15 @@ class Mixture(Strategy):
         """This mixture continued at ``change`` (keeping ``held``), with the draws there that give ``draws`` at
         ``stream``: the saved mixture, when this one is the mixture it continued with (else the fingerprints
         differ)."""
-        if not 0 <= change <= stream:
+        probe = self.continued_at(change, np.zeros_like(draws), held) if 0 <= change < _MAX_STREAM else None
+        if probe is None or (held and held[-1].start >= change):
             return None
-        probe = self.continued_at(change, np.zeros_like(draws), held)
+        if held:  # the draws at the change are the held pieces' (a state saved inside them says less)
+            last = len(held)
+            at_change = probe._draws_before[last] + probe._periods[last].counts_before(change - probe._origins[last])
+            return self.continued_at(change, at_change, held)
+        if change > stream:
+            return None
         at_change = draws - probe._draws_at(stream)
         if (at_change < 0).any():
             return None

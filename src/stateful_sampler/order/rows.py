@@ -106,8 +106,8 @@ class RowOrder(Strategy):
 
     def state_at(self, pass_index: int, offset: int, kept_from: int | None = None) -> dict[str, Any] | None:
         """The packed strategy's slot (None: it keeps none, as ``Uniform`` or ``Weighted``), taken at the *splice*:
-        the end of the window holding row ``offset`` (the pass's end once its rows are all read), with the pass
-        up to there kept as it is (``kept_from=0``). A strategy continuing the state (a ``Mixture`` with
+        the end of the window holding row ``offset`` (its start when none of it was read; the pass's end once its
+        rows are all read), with the pass up to there kept as it is (``kept_from=0``). A strategy continuing the state (a ``Mixture`` with
         ``on_change="continue"``) draws the saved run's records up to the splice, so the window in progress keeps
         its rows and every window before it its row count, and its own from the splice on; the pass's later
         rows are counted from that order. Also the saved pass's row count (``saved_pass_length``)."""
@@ -115,7 +115,12 @@ class RowOrder(Strategy):
             return None
         rows = self.rows(pass_index)
         count, length = rows.count(), rows.draws
-        splice = length if offset >= count else min((rows.anchor(offset)[0] + 1) * self.window, length)
+        if offset >= count:
+            splice = length  # only padding is left: the next pass changes
+        else:
+            window, start = rows.anchor(offset)
+            begun = start < (offset * self.capacity if self.split else offset)  # some of the window is read
+            splice = min((window + begun) * self.window, length)
         slot = self.drawn.state_at(pass_index, splice, kept_from=0)
         if slot is None:
             return None

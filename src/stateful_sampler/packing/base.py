@@ -279,6 +279,8 @@ class RowSampler(StatefulSampler):
         """The pass and row a saved cursor reads next (padding wraps to the pass's start; ``carry``
         reads on into the next passes, which all have one length)."""
         epoch, length = state["epoch"], self.strategy.rows(state["epoch"]).count()
+        if state["tail"] != "carry":  # the epoch's own pass (padding reads its first rows again)
+            return epoch, state["position"] % length
         offset = state["carry_start"] - epoch * length + state["position"]
         if not self.strategy.split:
             return epoch, offset % length
