@@ -1,0 +1,145 @@
+"""Pre-training on a mixture of three corpora packed into rows of 256 tokens, its weights changed mid-run.
+
+Two corpora are map-style (lists of documents in memory: "books" and "code"), the third ("web") is streamed from
+parquet shards that the example writes under ``--root``. ``MixedStream`` draws documents from the three at weights
+5:2:3; ``PackedStream`` concatenates the drawn documents and cuts them into rows of 256 tokens (``position_ids``
+restarting at each document, a block-diagonal causal mask, labels masked at each document's first token). At 80% of
+the run a ``schedule`` entry anneals the weights towards "code" (a key ``(epoch, position)``: mid-epoch, each corpus
+going on where it stood). The loader's state is saved with the model every 5 steps; run the command again and it
+resumes from the last checkpoint, exactly, as ``stateful-sampler verify`` checks (SIGKILL, resume, EQUAL):
+
+    python examples/pretrain_mixture.py --root runs/pretrain   # trains (a few seconds); run it again: it resumes
+    stateful-sampler verify --kill-at 23 -- python examples/pretrain_mixture.py --root {run_dir}
+
+The model is a causal LM of about 3,700 parameters (one attention layer), trained by plain SGD on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from stateful_sampler import ResumableLoader
+from stateful_sampler.stream import MixedStream, PackedStream, ParquetReader, ShardedStream
+from stateful_sampler.verify import record_weights
+
+VOCAB, SEQ_LEN, BATCH, WIDTH, LR = 64, 256, 4, 16, 0.5
+DRAWS, EPOCHS, SAVE_EVERY, SEED = 400, 2, 5, 7  # documents drawn an epoch; the run is 2 epochs
+WEIGHTS = [5, 2, 3]  # books, code, web
+ANNEAL = {(1, 240): [2, 6, 2]}  # from position 240 of epoch 1 (draw 640 of the run's 800: 80%) on
+RULES = {"books": (5, 3, 0.9), "code": (7, 1, 0.95), "web": (3, 11, 0.7)}  # next = (a * token + b) % VOCAB, w.p. p
+DOCUMENTS = {"books": 240, "code": 160, "web": 320}
+WEB_SHARDS = 8
+
+
+def corpus(name: str) -> list[dict[str, list[int]]]:
+    """A corpus's documents: token sequences of log-normal length (4..400), each token following the last by the
+    corpus's rule, with noise."""
+    a, b, p = RULES[name]
+    rng = np.random.default_rng(sorted(RULES).index(name))
+    lengths = np.clip(rng.lognormal(3.6, 0.8, DOCUMENTS[name]).astype(int), 4, 400)
+    documents = []
+    for length in lengths.tolist():
+        tokens = [int(rng.integers(VOCAB))]
+        for _ in range(length - 1):
+            tokens.append((a * tokens[-1] + b) % VOCAB if rng.random() < p else int(rng.integers(VOCAB)))
+        documents.append({"input_ids": tokens})
+    return documents
+
+
+def web_shards(root: Path) -> list[str]:
+    """The "web" corpus as parquet shards under ``root/web`` (written once: a resume reads the same files)."""
+    folder = root / "web"
+    paths = [folder / f"web-{index:02d}.parquet" for index in range(WEB_SHARDS)]
+    if not all(path.exists() for path in paths):
+        folder.mkdir(parents=True, exist_ok=True)
+        for path, part in zip(paths, np.array_split(np.arange(DOCUMENTS["web"]), WEB_SHARDS)):
+            documents = corpus("web")[part[0] : part[-1] + 1]
+            partial = path.with_suffix(".tmp")
+            pq.write_table(pa.table({"input_ids": [d["input_ids"] for d in documents]}), partial, row_group_size=10)
+            partial.replace(path)
+    return [str(path) for path in paths]
+
+
+def packed_rows(root: Path) -> PackedStream:
+    """The pipeline: the three corpora mixed, then packed; streams built without ranks (the rows are dealt)."""
+    web = ShardedStream(web_shards(root), ParquetReader(columns=["input_ids"]), batch_size=1, window=2, seed=SEED)
+    mixed = MixedStream([corpus("books"), corpus("code"), web], WEIGHTS, batch_size=1, num_samples=DRAWS,
+                        schedule=ANNEAL, seed=SEED)  # fmt: skip
+    return PackedStream(mixed, SEQ_LEN, batch_size=BATCH, attention="mask", lengths_cache=root / "lengths")
+
+
+class TinyLM(nn.Module):
+    """Token embeddings, a position embedding of the document position (capped), one masked self-attention layer and a
+    linear head: about 3,700 parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(VOCAB, WIDTH), nn.Embedding(32, WIDTH)
+        self.qkv, self.head = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.tokens(input_ids) + self.positions(position_ids.clamp(max=31))
+        q, k, v = self.qkv(hidden).chunk(3, dim=-1)
+        return self.head(hidden + F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+def train(root: Path) -> None:
+    """Train, from ``root/checkpoint.pt`` if there is one; print each step's loss."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = TinyLM()
+    loader = ResumableLoader(packed_rows(root).loader(num_workers=2))
+    checkpoint, step = root / "checkpoint.pt", 0
+    if checkpoint.exists():
+        saved = torch.load(checkpoint)
+        model.load_state_dict(saved["model"])
+        loader.load_state_dict(saved["loader"])
+        step = saved["step"]
+        print(f"resumed from step {step} (epoch {loader.epoch})", flush=True)
+    for epoch in range(loader.epoch, EPOCHS):
+        loader.set_epoch(epoch)  # a new epoch starts at 0; the restored one keeps its position
+        for batch in loader:
+            logits = model(batch["input_ids"], batch["position_ids"], batch["attention_mask"])
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1))
+            model.zero_grad()
+            loss.backward()
+            with torch.no_grad():  # plain SGD, no optimizer state to save
+                for parameter in model.parameters():
+                    parameter -= LR * parameter.grad
+            step += 1
+            print(f"step {step} epoch {epoch} loss {loss.item():.4f}", flush=True)
+            if step % SAVE_EVERY == 0:
+                save(checkpoint, {"model": model.state_dict(), "loader": loader.state_dict(), "step": step})
+    record_weights(model)  # for `stateful-sampler verify -- python examples/pretrain_mixture.py --root {run_dir}`
+    print(f"trained {step} steps of {BATCH} rows of {SEQ_LEN} tokens", flush=True)
+
+
+def save(path: Path, state: dict[str, Any]) -> None:
+    partial = path.with_suffix(".tmp")
+    torch.save(state, partial)
+    partial.replace(path)  # whole or absent: a kill mid-save leaves the last checkpoint
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, help="shards and checkpoints go here (default: a new temporary folder)")
+    args = parser.parse_args(argv)
+    root = args.root or Path(tempfile.mkdtemp(prefix="pretrain-"))
+    root.mkdir(parents=True, exist_ok=True)
+    train(root)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
