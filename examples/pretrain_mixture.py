@@ -9,7 +9,7 @@ going on where it stood). The loader's state is saved with the model every 5 ste
 resumes from the last checkpoint, exactly, as ``stateful-sampler verify`` checks (SIGKILL, resume, EQUAL):
 
     python examples/pretrain_mixture.py --root runs/pretrain   # trains (a few seconds); run it again: it resumes
-    stateful-sampler verify --kill-at 23 -- python examples/pretrain_mixture.py --root {run_dir}
+    stateful-sampler verify --kill-at 27 -- python examples/pretrain_mixture.py --root {run_dir}
 
 The model is a causal LM of about 3,700 parameters (one attention layer), trained by plain SGD on CPU.
 """
@@ -63,10 +63,10 @@ def web_shards(root: Path) -> list[str]:
     paths = [folder / f"web-{index:02d}.parquet" for index in range(WEB_SHARDS)]
     if not all(path.exists() for path in paths):
         folder.mkdir(parents=True, exist_ok=True)
-        for path, part in zip(paths, np.array_split(np.arange(DOCUMENTS["web"]), WEB_SHARDS)):
-            documents = corpus("web")[part[0] : part[-1] + 1]
+        documents = [document["input_ids"] for document in corpus("web")]
+        for path, part in zip(paths, np.array_split(np.arange(len(documents)), WEB_SHARDS)):
             partial = path.with_suffix(".tmp")
-            pq.write_table(pa.table({"input_ids": [d["input_ids"] for d in documents]}), partial, row_group_size=10)
+            pq.write_table(pa.table({"input_ids": documents[part[0] : part[-1] + 1]}), partial, row_group_size=10)
             partial.replace(path)
     return [str(path) for path in paths]
 

@@ -72,7 +72,7 @@ RUNS: dict[str, list[str]] = {
     "parquet_stream": example("parquet_stream.py"),
     "imbalanced": example("imbalanced.py", "--plot", "{dir}/composition.png"),
     "mixture": example("mixture.py", "--plot", "{dir}/mixture.png"),
-    "pretrain_mixture": [*VERIFY, "23", "--", *example("pretrain_mixture.py", "--root", "{run_dir}")],
+    "pretrain_mixture": [*VERIFY, "27", "--", *example("pretrain_mixture.py", "--root", "{run_dir}")],
 }  # fmt: skip
 
 
@@ -179,8 +179,8 @@ def test_pretrain_mixture_is_verified_equal_after_a_sigkill_mid_epoch(runs: Call
     """Mixed corpora (two map-style, one parquet stream), packed rows, the schedule's change at 80% of the run: the
     run killed in epoch 1 before the change resumes across it with the uninterrupted run's rows and weights."""
     out, _ = runs("pretrain_mixture")
-    assert "killed after step 23; resumed from the checkpoint at step 20\n" in out
-    assert "batches compared: 32 (32 steps x 1 rank(s)), identical to the uninterrupted run's: 32\n" in out
+    assert "killed after step 27; resumed from the checkpoint at step 25\n" in out
+    assert "batches compared: 37 (37 steps x 1 rank(s)), identical to the uninterrupted run's: 37\n" in out
     assert "EQUAL: the killed and resumed run trained on exactly the batches" in out
 
 
