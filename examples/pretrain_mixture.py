@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from stateful_sampler import ResumableLoader
+from stateful_sampler.audit.mixture import audit_segments
 from stateful_sampler.stream import MixedStream, PackedStream, ParquetReader, ShardedStream
 from stateful_sampler.verify import record_weights
 
@@ -99,7 +100,8 @@ def train(root: Path) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = TinyLM()
-    loader = ResumableLoader(packed_rows(root).loader(num_workers=2))
+    rows = packed_rows(root)
+    loader = ResumableLoader(rows.loader(num_workers=2))
     checkpoint, step = root / "checkpoint.pt", 0
     if checkpoint.exists():
         saved = torch.load(checkpoint)
@@ -122,7 +124,8 @@ def train(root: Path) -> None:
             if step % SAVE_EVERY == 0:
                 save(checkpoint, {"model": model.state_dict(), "loader": loader.state_dict(), "step": step})
     record_weights(model)  # for `stateful-sampler verify -- python examples/pretrain_mixture.py --root {run_dir}`
-    print(f"trained {step} steps of {BATCH} rows of {SEQ_LEN} tokens", flush=True)
+    print(f"trained {step} steps of {BATCH} rows of {SEQ_LEN} tokens; each corpus's share of the draws:")
+    print(audit_segments(rows.stream.mixture, until=(EPOCHS, 0)).table(), flush=True)
 
 
 def save(path: Path, state: dict[str, Any]) -> None:
