@@ -118,7 +118,7 @@ def test_loader_batches_are_the_rows_and_two_workers_resume_at_zero() -> None:
     assert len(uninterrupted) == -(-len(plans) // 2)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
     split=st.booleans(),
     schedule=st.sampled_from(sorted(SCHEDULES)),
@@ -195,6 +195,29 @@ def test_elastic_resume_delivers_every_unconsumed_token_once(
     assert all(plan.key.is_padding and plan.key.index < rows for plan in padding)
 
 
+@settings(max_examples=15, deadline=None)
+@given(
+    split=st.booleans(),
+    world=st.integers(1, 5),
+    batch=st.integers(1, 3),
+    resumed_world=st.integers(1, 5),
+    resumed_batch=st.integers(1, 3),
+    data=st.data(),
+)
+def test_any_resize_delivers_every_unconsumed_token_once_with_equal_steps(
+    split: bool, world: int, batch: int, resumed_world: int, resumed_batch: int, data: st.DataObject
+) -> None:
+    steps = -(-packed(world, 0, batch, split_records=split).remaining_length() // batch)
+    stop = data.draw(st.integers(0, steps), label="stop")
+    before = _rank_plans(world, batch, stop, None, split)
+    saver = packed(world, 0, batch, split_records=split)
+    list(islice(saver, stop * batch))
+    state = saver.state_dict(consumed_batches=stop)
+    after = _rank_plans(resumed_world, resumed_batch, None, state, split)
+    assert len({len(plans) for plans in after}) == 1
+    assert sum((real_tokens(plans) for plans in before + after), Counter()) == drawn_tokens()
+
+
 def test_a_state_of_another_mixture_is_refused_naming_the_mixture() -> None:
     state = packed().state_dict()
     other = PackedStream(make_mixed(weights=(1, 1, 1)), 16, batch_size=2, num_replicas=1, rank=0, window=8)
@@ -209,11 +232,17 @@ def test_a_state_of_a_changed_source_is_refused_naming_it() -> None:
         changed.load_state_dict(state)
 
 
-def test_a_state_of_a_sharded_stream_is_refused_by_a_mixed_one() -> None:
+def test_a_state_of_a_sharded_stream_is_refused_by_a_mixed_one_and_back() -> None:
     from tests.stream.test_packed_stream import packed as packed_sharded
 
-    with pytest.raises(IncompatibleStateError, match="'version'|not a field"):
+    with pytest.raises(IncompatibleStateError, match="'stream.source': saved \"a ShardedStream's state\""):
         packed().load_state_dict(packed_sharded().state_dict())
+    with pytest.raises(IncompatibleStateError, match="'stream.source': saved \"a MixedStream's state\""):
+        packed_sharded().load_state_dict(packed().state_dict())
+    state = packed().state_dict()
+    state["stream"]["source"] = "mixed"
+    with pytest.raises(IncompatibleStateError, match="'stream.source': saved 'mixed'"):
+        packed().load_state_dict(state)
 
 
 def test_on_change_continue_is_refused_naming_on_change() -> None:

@@ -339,7 +339,7 @@ class PackedStream(PackedRows):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a saved state in O(window); another source stream (a shard changed, added or removed, another
-        seed or window) is refused by the stream itself, naming the shard."""
+        seed or window; a mixed stream's source or mixture changed) is refused by the stream itself, naming it."""
         if not isinstance(state, Mapping):
             raise IncompatibleStateError("state", type(state).__name__, "a dict from PackedStream.state_dict()")
         state = dict(state)
@@ -350,7 +350,16 @@ class PackedStream(PackedRows):
             )
         if saved["version"] != PACKED_STREAM_VERSION:
             raise IncompatibleStateError("stream.version", saved["version"], PACKED_STREAM_VERSION)
-        copy.copy(self.stream).load_state_dict(dict(saved["source"]))  # refuses another stream, naming the field
+        source = saved["source"]
+        kind = type(self.stream).__name__
+        if not isinstance(source, Mapping):
+            raise IncompatibleStateError("stream.source", source, f"a dict from {kind}.state_dict()")
+        saved_kind = MixedStream.__name__ if "mixture" in source else ShardedStream.__name__
+        if saved_kind != kind:
+            raise IncompatibleStateError(
+                "stream.source", f"a {saved_kind}'s state", f"a {kind}'s", f"the state packs a {saved_kind}"
+            )
+        copy.copy(self.stream).load_state_dict(dict(source))  # refuses another stream, naming the field
         super().load_state_dict(state)
 
 
