@@ -34,7 +34,7 @@ from stateful_sampler.audit.mixture import audit_segments
 from stateful_sampler.stream import MixedStream, PackedStream, ParquetReader, ShardedStream
 from stateful_sampler.verify import record_weights
 
-VOCAB, SEQ_LEN, BATCH, WIDTH, LR = 64, 256, 4, 16, 0.5
+VOCAB, SEQ_LEN, BATCH, WIDTH, LR = 64, 256, 4, 16, 2.0
 DRAWS, EPOCHS, SAVE_EVERY, SEED = 400, 2, 5, 7  # documents drawn an epoch; the run is 2 epochs
 WEIGHTS = [5, 2, 3]  # books, code, web
 ANNEAL = {(1, 240): [2, 6, 2]}  # from position 240 of epoch 1 (draw 640 of the run's 800: 80%) on
