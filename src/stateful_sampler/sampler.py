@@ -588,8 +588,9 @@ class StatefulSampler(DistributedSampler):
             )
         records = self._records if strategy is None else PassRecords(strategy, self.order, self.seed, self.size)
         pass_length = records.pass_length(saved.epoch)
+        saved_length = pass_length if strategy is None else strategy.saved_pass_length(self.size, saved.epoch)
         current = self._state(self._cursor, with_strategy_state=False)
-        saved.check_continues(current, pass_length, self.strategy.mismatch_hint(), strategy is not None)
+        saved.check_continues(current, saved_length, self.strategy.mismatch_hint(), strategy is not None)
         if strategy is not None:
             self.strategy, self._records = strategy, records
         position = saved.position
@@ -597,10 +598,10 @@ class StatefulSampler(DistributedSampler):
             position = end = saved.epoch_end  # the live ranks' own end: every rank reports the same len()
         elif saved.finished:
             position = end = _finished_end(self.tail, position, pass_length, self.num_replicas)
-        elif (saved.world_size, saved.batch_size) == (self.num_replicas, self.batch_size):
+        elif (saved.world_size, saved.batch_size, saved_length) == (self.num_replicas, self.batch_size, pass_length):
             end = saved.epoch_end  # the saving run's own layout: exact even from a mid-batch position
         else:
-            end = None  # the rest of the epoch is laid out on these ranks and this batch size
+            end = None  # the rest of the epoch is laid out on these ranks, this batch size and this pass length
         self._commit(_Cursor(saved.epoch, position, saved.carry_start, end))
         self._ended = None
 

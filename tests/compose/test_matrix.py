@@ -123,19 +123,31 @@ class MapStyle:
             records = [record for u in units for record in u.content]
         return Counter((record, t) for record in records for t in range(LENGTHS[record]))
 
-    def draw_tokens(self, order: str, consumed: list[Unit], after: dict[int, Any]) -> Counter[Any]:
+    def draw_tokens(
+        self, order: str, batching: str, consumed: list[Unit], after: dict[int, Any], state: Any
+    ) -> Counter[Any]:
         """The tokens of the epoch's draws, from the strategy itself (for a mixture changed at the resume: the saving
-        run's draws before the saved position, then the resumed order's, ``after``, id -> record)."""
-        if order == "mixture-continue":
+        run's draws before the saved position, then the resumed order's, ``after``, id -> record; packed, the saving
+        mixture's draws up to the end of the saved row's window, then the new mixture's continued there)."""
+        if order == "mixture-continue" and batching == "fixed":
             records = [u.content for u in consumed] + list(after.values())
+        elif order == "mixture-continue":
+            splice = state["strategy_state"]["splice"]
+            assert splice == min((state["packing"]["window"] + 1) * WINDOW, NUM_SAMPLES)
+            saving, n = _strategy(order, resumed=False), sum(SIZES)
+            draws = [*saving.draws_before(0, splice).tolist(), 0]
+            continued = _strategy(order, resumed=True).continued_at(splice, draws)
+            records = saving.pass_order(n, SEED, 0)(np.arange(splice)).tolist()
+            records += continued.pass_order(n + APPENDED, SEED, 0)(np.arange(splice, NUM_SAMPLES)).tolist()
         else:
             strategy, n = _strategy(order, resumed=False), sum(SIZES)
             records = strategy.pass_order(n, SEED, 0)(np.arange(strategy.pass_length(n, 0), dtype=np.int64)).tolist()
         return Counter((record, t) for record in records for t in range(LENGTHS[record]))
 
     def appended(self, unit: Unit) -> bool:
-        """Whether a fixed batch's unit is a record of the source appended at the resume."""
-        return unit.content >= sum(SIZES)
+        """Whether a unit holds a record of the source appended at the resume."""
+        pieces = unit.content if isinstance(unit.content, tuple) else (unit.content,)
+        return any((piece[0] if isinstance(piece, tuple) else piece) >= sum(SIZES) for piece in pieces)
 
 
 # The stream row: corpus 0 is map-style (a list of records), corpora 1 and 2 are sharded streams, the corpus appended
@@ -213,7 +225,9 @@ class Streamed(MapStyle):
             return Unit(key.epoch, key.position, key.index, key.is_padding)
         return super().unit(item)
 
-    def draw_tokens(self, order: str, consumed: list[Unit], after: dict[int, Any]) -> Counter[Any]:
+    def draw_tokens(
+        self, order: str, batching: str, consumed: list[Unit], after: dict[int, Any], state: Any
+    ) -> Counter[Any]:
         if order == "mixture-continue":
             records = [u.content for u in consumed] + list(after.values())
         else:  # the epoch's draws, as the stream alone (no ranks) delivers them
@@ -224,14 +238,6 @@ class Streamed(MapStyle):
 SOURCES = {"map-style": MapStyle(), "stream": Streamed()}
 
 # The cells that are refused, with why, and the exact error (type, message) they raise where they are refused.
-_PACKED_CONTINUE = (
-    ValueError,
-    (
-        "has on_change='continue': packed rows cannot take another mixture at a resume (a window's rows mix draws "
-        "from before and after the saved position); change a packed mixture's weights with its schedule, a key "
-        "(epoch, position) (docs/mixtures.md)"
-    ),
-)
 _HALF_BUDGET = (
     IncompatibleStateError,
     (
@@ -248,11 +254,8 @@ _PACKED_STREAM_CONTINUE = (
     ),
 )
 REFUSED = {
-    # packed rows over a mixture that takes another mixture at a resume: refused when the sampler is built
-    **{("map-style", "mixture-continue", b, t): _PACKED_CONTINUE
-       for b in ("packed-split", "packed-whole", "token-budget") for t in ("same", *TOPOLOGIES)},
     # a token budget's per-rank batch is its max_tokens, which shapes every batch: half of it is another order
-    **{("map-style", o, "token-budget", "half-batch"): _HALF_BUDGET for o in ORDERS if o != "mixture-continue"},
+    **{("map-style", o, "token-budget", "half-batch"): _HALF_BUDGET for o in ORDERS},
     # PackedStream over a MixedStream that takes another mixture at a resume: refused when it is built
     **{("stream", "mixture-continue", b, t): _PACKED_STREAM_CONTINUE
        for b in ("packed-split", "packed-whole") for t in ("same", *TOPOLOGIES)},
@@ -360,10 +363,12 @@ def test_at_another_topology_every_unconsumed_token_comes_once_in_equal_steps(so
     real = [u for u in consumed if not u.is_padding]
     before, after = _reference(source, order, batching, state)
     ids = sorted(u.id for u in real + rest)
-    assert ids == sorted(before)  # every row (position) of the epoch once: nothing consumed again, nothing lost
+    # every row (position) of the epoch once: nothing consumed again, nothing lost (a changed mixture's packed epoch
+    # has the rows of its new order after the saved ones)
+    assert ids == (sorted(before) if order != "mixture-continue" else sorted({u.id for u in real} | set(after)))
     assert all(before[u.id] == u.content for u in real)
     assert all(after[u.id] == u.content for u in rest)  # where the order, changed or not, puts it
-    assert source.tokens(real + rest, batching) == source.draw_tokens(order, real, after)
+    assert source.tokens(real + rest, batching) == source.draw_tokens(order, batching, real, after, state)
 
 
 @pytest.mark.parametrize(("source", "order", "batching", "topology"), sorted(REFUSED))

@@ -358,10 +358,9 @@ def test_the_audit_shows_each_segment_of_a_changed_run_against_its_weights() -> 
         audit_mixture(second, 1)
 
 
-def test_packed_rows_refuse_on_change_continue_and_keep_a_scheduled_change_exact() -> None:
+def test_packed_rows_keep_a_scheduled_change_exact() -> None:
+    """(A change at a resume, under packed rows: tests/packing/test_packing_continue.py.)"""
     lengths = [3, 5, 2, 8, 4, 6, 1, 7, 9, 2, 3, 5, 4, 6, 2, 1, 8, 3, 2, 5, 7]
-    with pytest.raises(ValueError, match=re.escape("packed rows cannot take another mixture at a resume")):
-        PackedRows(lengths, seq_len=8, strategy=Mixture(SIZES, [1, 1, 1], num_samples=20, on_change="continue"))
     scheduled = lambda: PackedRows(
         lengths,
         seq_len=8,

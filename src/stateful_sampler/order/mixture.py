@@ -32,7 +32,7 @@ import hashlib
 from bisect import bisect_right
 from collections.abc import Mapping
 from numbers import Integral
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -48,7 +48,12 @@ _TAG = 0x4D495854  # "MIXT": this module's seeds
 _MAX_STREAM = 1 << 62  # stream positions and draw numbers stay int64
 ON_CHANGE = ("refuse", "continue")
 SLOT_VERSION = 1  # the version of the mixture's slot in a saved state (``state_at``)
-_SLOT_FIELDS = ("version", "num_samples", "change", "draws", "sizes", "sizes_digest")
+# 2 adds the pieces of the pass a continuation keeps (``held``: this mixture's own, ``kept``: asked for by
+# ``kept_from``); written only when there are some, so a state without them is version 1, as before.
+_SLOT_FIELDS = {
+    1: ("version", "num_samples", "change", "draws", "sizes", "sizes_digest"),
+    2: ("version", "num_samples", "change", "draws", "sizes", "sizes_digest", "held", "kept"),
+}
 _CHECK_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_"  # 6 bits of a source's size
 
 
@@ -109,6 +114,8 @@ class Mixture(Strategy):
                 )
             changes[start] = (key, value)
         self._starts = [0, *sorted(changes)]  # stream positions where each constant-weight segment starts
+        self._origins = list(self._starts)  # where each segment's interleave starts: a held piece's may be earlier
+        self._held: list[Piece] = []  # the saved run's pieces this continued mixture keeps before its change
         self._keys = [0, *(self._label(start) for start in self._starts[1:])]
         given = [weights, *(changes[start][1] for start in self._starts[1:])]
         names = ["weights", *(f"schedule[{changes[start][0]!r}]" for start in self._starts[1:])]
@@ -171,7 +178,7 @@ class Mixture(Strategy):
     def segment_starts(self) -> list[tuple[int, int]]:
         """Each constant-weight segment's first (epoch, position), in stream order (a continued mixture's
         from its change on: the saved run's segments before it are not in the state)."""
-        known = self._starts if self.change is None else self._starts[1:]
+        known = self._starts if self.change is None else self._starts[1 + len(self._held) :]
         return [divmod(start, self.num_samples) for start in known]
 
     def segment_start(self, epoch: int) -> int:
@@ -193,7 +200,7 @@ class Mixture(Strategy):
 
     def _draws_at(self, stream: int) -> np.ndarray:
         segment = self._known_segment(stream)
-        return self._draws_before[segment] + self._periods[segment].counts_before(stream - self._starts[segment])
+        return self._draws_before[segment] + self._periods[segment].counts_before(stream - self._origins[segment])
 
     def locate(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source, that source's draw number) at positions of an epoch: what the audit counts. Each
@@ -209,7 +216,7 @@ class Mixture(Strategy):
             if self.change is not None and segment == 0:  # before the change: this mixture's own order
                 sources[at], draws[at] = self._own.locate(epoch, positions[at])
                 continue
-            found, drawn = self._periods[segment].locate(stream[at] - self._starts[segment])
+            found, drawn = self._periods[segment].locate(stream[at] - self._origins[segment])
             sources[at], draws[at] = found, drawn + self._draws_before[segment][found]
         return sources, draws
 
@@ -242,7 +249,7 @@ class Mixture(Strategy):
     def pass_order(self, size: int, seed: int, pass_index: int) -> PassOrder:
         if (pass_index + 1) * self.num_samples > _MAX_STREAM:
             raise ValueError(f"epoch times num_samples must stay below 2**62, got epoch {pass_index}")
-        if self.change is not None and (pass_index + 1) * self.num_samples <= self.change:
+        if self.change is not None and (pass_index + 1) * self.num_samples <= self._starts[1]:
             raise ValueError(f"epoch {pass_index}: {self._before_change(pass_index * self.num_samples)}")
         return _MixturePass(self, seed, pass_index)
 
@@ -255,17 +262,40 @@ class Mixture(Strategy):
 
     # -- the saved state's slot, and a change at a resume
 
-    def state_at(self, pass_index: int, offset: int) -> dict[str, Any]:
+    def state_at(self, pass_index: int, offset: int, kept_from: int | None = None) -> dict[str, Any]:
         """Each source's draws before the saved stream position, and the change this mixture continues
-        from: O(sources), so that another mixture (``on_change="continue"``) can take the run over there."""
-        return {
+        from: O(sources), so that another mixture (``on_change="continue"``) can take the run over there.
+        ``kept_from``: also the weights in force over positions [kept_from, offset) of the pass (``kept``, a
+        piece per segment), which a continuation keeps as they are; and a continued mixture's own ``held``
+        pieces, part of its identity: O(sources) per piece."""
+        stream = pass_index * self.num_samples + offset
+        slot: dict[str, Any] = {
             "version": SLOT_VERSION,
             "num_samples": self.num_samples,
             "change": self.change,
-            "draws": self._draws_at(pass_index * self.num_samples + offset).tolist(),
+            "draws": self._draws_at(stream).tolist(),
             "sizes": _size_checks(self.sizes),
             "sizes_digest": _sizes_digest(self.sizes),
         }
+        kept = [] if kept_from is None else self._pieces(pass_index * self.num_samples + kept_from, stream)
+        if kept or self._held:
+            slot.update(version=2, held=_saved_pieces(self._held), kept=_saved_pieces(kept))
+        return slot
+
+    def _pieces(self, first: int, stop: int) -> list[Piece]:
+        """The segments in force over stream positions [first, stop), cut to it: what those positions draw,
+        without this mixture (a continued one's positions before its pieces are its own mixture's)."""
+        pieces: list[Piece] = []
+        if first >= stop:
+            return pieces
+        for segment in range(self._segment(first), self._segment(stop - 1) + 1):
+            start = max(first, self._starts[segment])
+            if self.change is not None and segment == 0:
+                pieces += self._own._pieces(start, min(stop, self._starts[1]))
+                continue
+            counts, origin = self._periods[segment].counts, self._origins[segment]
+            pieces.append(Piece(start, origin, counts, self._draws_before[segment]))
+        return pieces
 
     def resume_from(self, saved: SavedOrder) -> Mixture | None:
         """The saved mixture when the state is one of this mixture's own (continued where the state says it
@@ -279,9 +309,10 @@ class Mixture(Strategy):
         if saved.fingerprint == self.fingerprint() and saved.size == sum(own.sizes.tolist()):
             return self  # its own state (a loader settling its pass): nothing to rebuild
         stream = saved.pass_index * self.num_samples + saved.offset
-        if len(slot["draws"]) <= len(own.sizes) and saved.size == sum(own.sizes.tolist()):
+        if len(slot["draws"]) == len(own.sizes) and saved.size == sum(own.sizes.tolist()):
             draws = np.array(slot["draws"], dtype=np.int64)
-            same = own if slot["change"] is None else own._rebuilt(slot["change"], stream, draws)
+            held = own._own_pieces(slot.get("held", []), len(draws))
+            same = own if slot["change"] is None else own._rebuilt(slot["change"], stream, draws, held)
             if same is not None and same.fingerprint() == saved.fingerprint:
                 return same
         if self.on_change == "refuse":
@@ -289,47 +320,74 @@ class Mixture(Strategy):
         own._check_saved_sources(slot, saved.size)
         draws = np.zeros(len(own.sizes), dtype=np.int64)
         draws[: len(slot["draws"])] = slot["draws"]  # appended sources start on their first pass
-        return own.continued_at(stream, draws)
+        return own.continued_at(stream, draws, own._own_pieces(slot.get("kept", []), len(slot["draws"]), stream))
 
-    def continued_at(self, stream: int, draws: Any) -> Mixture:
+    def _own_pieces(self, saved: list[Any], sources: int, stop: int | None = None) -> list[Piece]:
+        """Saved pieces (checked by ``_checked_slot``) over this mixture's sources: appended ones draw nothing in
+        them. ``stop``: the position they must end before (the continuation's start)."""
+        pieces = []
+        for start, origin, counts, draws in saved:
+            grown = [np.zeros(len(self.sizes), dtype=np.int64) for _ in range(2)]
+            grown[0][:sources], grown[1][:sources] = counts, draws
+            pieces.append(Piece(start, origin, grown[0], grown[1]))
+        if stop is not None and pieces and pieces[-1].start >= stop:
+            raise IncompatibleStateError("strategy_state.kept", pieces[-1].start, f"pieces starting before {stop}")
+        return pieces
+
+    def continued_at(self, stream: int, draws: Any, held: list[Piece] | None = None) -> Mixture:
         """This mixture continuing a run at stream position ``stream`` whose sources had drawn ``draws``
         there: the segment in force at ``stream`` restarts its interleave there, and later schedule entries
-        follow; O(sources) plus the counts of the later segments."""
+        follow; O(sources) plus the counts of the later segments. ``held``: the saved run's pieces (its
+        ``state_at(..., kept_from=)``) before ``stream``, whose positions draw as they did in the saved run."""
         draws = np.asarray(draws, dtype=np.int64)
         if draws.shape != self.sizes.shape or (draws < 0).any():
             raise ValueError(f"draws must hold one non-negative count per source ({len(self.sizes)}), got {draws}")
         own = self._own
+        held = list(held or [])
         first = own._segment(stream)
         continued = copy.copy(own)
         continued.__dict__.pop("_fingerprint", None)
         continued.change = stream
-        continued._starts = [0, stream, *own._starts[first + 1 :]]
-        continued._periods = [own._periods[0], *own._periods[first:]]
-        carried = [np.zeros_like(draws), draws]
-        for index in range(2, len(continued._starts)):
+        continued._held = held
+        continued._starts = [0, *(piece.start for piece in held), stream, *own._starts[first + 1 :]]
+        continued._origins = [0, *(piece.origin for piece in held), stream, *own._starts[first + 1 :]]
+        continued._periods = [own._periods[0], *(own._period_of(piece.counts) for piece in held), *own._periods[first:]]
+        carried = [np.zeros_like(draws), *(piece.draws for piece in held), draws]
+        for index in range(len(held) + 2, len(continued._starts)):
             length = continued._starts[index] - continued._starts[index - 1]
             carried.append(carried[-1] + continued._periods[index - 1].counts_before(length))
         continued._draws_before = carried
         return continued
 
-    def _rebuilt(self, change: int, stream: int, draws: np.ndarray) -> Mixture | None:
-        """This mixture continued at ``change``, with the draws there that give ``draws`` at ``stream``: the
-        saved mixture, when this one is the mixture it continued with (else the fingerprints differ)."""
+    def _period_of(self, counts: np.ndarray) -> QuotaPeriod:
+        """The interleave of ``counts``: one of this mixture's own when it has those weights (a period of float
+        weights takes seconds to build)."""
+        for period in self._periods:
+            if np.array_equal(period.counts, counts):
+                return period
+        return QuotaPeriod(counts)
+
+    def _rebuilt(self, change: int, stream: int, draws: np.ndarray, held: list[Piece]) -> Mixture | None:
+        """This mixture continued at ``change`` (keeping ``held``), with the draws there that give ``draws`` at
+        ``stream``: the saved mixture, when this one is the mixture it continued with (else the fingerprints
+        differ)."""
         if not 0 <= change <= stream:
             return None
-        probe = self.continued_at(change, np.zeros_like(draws))
+        probe = self.continued_at(change, np.zeros_like(draws), held)
         at_change = draws - probe._draws_at(stream)
         if (at_change < 0).any():
             return None
-        return self.continued_at(change, at_change)
+        return self.continued_at(change, at_change, held)
 
     def _checked_slot(self, slot: Mapping[str, Any]) -> dict[str, Any]:
         """The saved slot, refused naming the field unless it is exactly a version 1 mixture slot."""
-        if not isinstance(slot, Mapping) or set(slot) != set(_SLOT_FIELDS):
+        version = slot.get("version") if isinstance(slot, Mapping) else None
+        fields = _SLOT_FIELDS.get(version if type(version) is int else 0, _SLOT_FIELDS[SLOT_VERSION])
+        if not isinstance(slot, Mapping) or set(slot) != set(fields):
             keys = sorted(slot) if isinstance(slot, Mapping) else slot
-            raise IncompatibleStateError("strategy_state", keys, list(_SLOT_FIELDS), "not a mixture's state")
-        if slot["version"] != SLOT_VERSION:
-            raise IncompatibleStateError("strategy_state.version", slot["version"], SLOT_VERSION, "unknown version")
+            raise IncompatibleStateError("strategy_state", keys, list(fields), "not a mixture's state")
+        if type(version) is not int or version not in _SLOT_FIELDS:
+            raise IncompatibleStateError("strategy_state.version", version, list(_SLOT_FIELDS), "unknown version")
         change = slot["change"]
         if change is not None and (type(change) is not int or not 0 <= change < _MAX_STREAM):
             raise IncompatibleStateError("strategy_state.change", change, "None or a stream position in [0, 2**62)")
@@ -343,6 +401,8 @@ class Mixture(Strategy):
             )
         if not isinstance(slot["sizes_digest"], str):
             raise IncompatibleStateError("strategy_state.sizes_digest", slot["sizes_digest"], "a str")
+        for name in ("held", "kept") if version == 2 else ():
+            _check_pieces(f"strategy_state.{name}", slot[name], len(draws))
         return dict(slot)
 
     def _check_saved_sources(self, slot: Mapping[str, Any], saved_size: int) -> None:
@@ -381,7 +441,43 @@ class Mixture(Strategy):
         identity = (own.sizes, own.num_samples, *segments)
         if self.change is None:
             return identity
-        return (*identity, "continued", self.change, self._draws_before[1])
+        held = [(piece.start, piece.origin, piece.counts, piece.draws) for piece in self._held]
+        return (*identity, "continued", self.change, self._draws_before[len(self._held) + 1], *held)
+
+
+class Piece(NamedTuple):
+    """Stream positions from ``start`` (to the next piece's start) drawn at ``counts`` by an interleave begun at
+    ``origin``, whose sources had drawn ``draws`` there: a segment of a saved run, as a continuation keeps it."""
+
+    start: int
+    origin: int
+    counts: np.ndarray
+    draws: np.ndarray
+
+
+def _saved_pieces(pieces: list[Piece]) -> list[list[Any]]:
+    return [[piece.start, piece.origin, piece.counts.tolist(), piece.draws.tolist()] for piece in pieces]
+
+
+def _check_pieces(name: str, pieces: Any, sources: int) -> None:
+    """Refuse saved pieces, naming the field, unless each is [start, origin, counts, draws] with ascending starts,
+    an origin at or before its start, and one count (not all 0) and one draw count per saved source."""
+    if not isinstance(pieces, (list, tuple)):
+        raise IncompatibleStateError(name, pieces, "a list of [start, origin, counts, draws] pieces")
+    last = -1
+    for at, piece in enumerate(pieces):
+        where = f"{name}[{at}]"
+        if not isinstance(piece, (list, tuple)) or len(piece) != 4:
+            raise IncompatibleStateError(where, piece, "[start, origin, counts, draws]")
+        start, origin, counts, draws = piece
+        if not (_is_count(start) and _is_count(origin) and last < start and origin <= start):
+            raise IncompatibleStateError(where, [start, origin], f"ascending starts after {last}, each origin <= start")
+        for field, values in (("counts", counts), ("draws", draws)):
+            if not isinstance(values, (list, tuple)) or len(values) != sources or not all(map(_is_count, values)):
+                raise IncompatibleStateError(f"{where}.{field}", values, f"{sources} non-negative ints, one per source")
+        if not any(counts):
+            raise IncompatibleStateError(f"{where}.counts", counts, "a positive weight")
+        last = start
 
 
 def _is_count(value: Any) -> bool:

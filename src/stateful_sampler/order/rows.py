@@ -22,19 +22,25 @@ window starts (and the pass's row count), so a resume finds the rows it continue
 
 from __future__ import annotations
 
+import copy
+import json
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.order.lengths import MAX_TOKENS, lengths_digest
 from stateful_sampler.order.packing import bin_counts, pack_window
-from stateful_sampler.order.strategy import PassOrder, Strategy, Uniform, check_length
+from stateful_sampler.order.strategy import PassOrder, SavedOrder, Strategy, Uniform, check_length
 from stateful_sampler.order.windows import PassWindows, WindowCache, WindowStarts
 
 Slice = tuple[int, int, int]  # (record, start, stop): tokens [start, stop) of the record
 _KEPT_PASSES = 3  # carry reads across one pass boundary; a state probe may ask for the previous pass
 _COUNTED_AT_ONCE = 1 << 23  # records whose windows' rows are counted together: ~100 MB of temporaries
+SPLICE_VERSION = 1  # the version of a row order's slot in a saved state (``state_at``)
+_SPLICE_FIELDS = ("version", "splice", "rows", "fingerprint", "drawn")
 
 
 class RowOrder(Strategy):
@@ -80,6 +86,8 @@ class RowOrder(Strategy):
         self.tokens = int(lengths.sum(dtype=np.int64))
         self.digest = lengths_digest(lengths)  # of the values: what a state records as its lengths
         self._passes: OrderedDict[int, PassRows] = OrderedDict()
+        self._saved_rows: dict[int, int] = {}  # a continuation's saved pass: its row count in the saved run
+        self._resumed: tuple[Any, RowOrder | None] | None = None  # the last continuation built, by its state
 
     def __repr__(self) -> str:
         mode = "split" if self.split else ("padded" if self.padded else "whole")
@@ -93,6 +101,56 @@ class RowOrder(Strategy):
 
     def pass_order(self, size: int, seed: int, pass_index: int) -> PassOrder:
         return _rows_themselves
+
+    # -- a changed strategy at a resume: the pass spliced at the end of the saved window
+
+    def state_at(self, pass_index: int, offset: int, kept_from: int | None = None) -> dict[str, Any] | None:
+        """The packed strategy's slot (None: it keeps none, as ``Uniform`` or ``Weighted``), taken at the *splice*:
+        the end of the window holding row ``offset`` (the pass's end once its rows are all read), with the pass
+        up to there kept as it is (``kept_from=0``). A strategy continuing the state (a ``Mixture`` with
+        ``on_change="continue"``) draws the saved run's records up to the splice, so the window in progress keeps
+        its rows and every window before it its row count, and its own from the splice on; the pass's later
+        rows are counted from that order. Also the saved pass's row count (``saved_pass_length``)."""
+        if self.drawn is None:
+            return None
+        rows = self.rows(pass_index)
+        count, length = rows.count(), rows.draws
+        splice = length if offset >= count else min((rows.anchor(offset)[0] + 1) * self.window, length)
+        slot = self.drawn.state_at(pass_index, splice, kept_from=0)
+        if slot is None:
+            return None
+        fingerprint = self.drawn.fingerprint()
+        return {"version": SPLICE_VERSION, "splice": splice, "rows": count, "fingerprint": fingerprint, "drawn": slot}
+
+    def resume_from(self, saved: SavedOrder) -> RowOrder | None:
+        """This order with the packed strategy's continuation of the saved one (``Strategy.resume_from``, given
+        the saved slot at the splice), or None when the packed strategy continues only its own order. Built
+        once per state: a row sampler asks before the sampler does."""
+        if self.drawn is None or saved.state is None:
+            return None
+        key = (saved.size, saved.fingerprint, saved.pass_index, json.dumps(saved.state, sort_keys=True, default=str))
+        if self._resumed is not None and self._resumed[0] == key:
+            return self._resumed[1]
+        state = _checked_splice(saved.state)
+        drawn = self.drawn.resume_from(
+            SavedOrder(saved.size, self.drawn.name, state["fingerprint"], state["drawn"], saved.pass_index,
+                       state["splice"])
+        )  # fmt: skip
+        continued = None
+        if drawn is not None and drawn is not self.drawn:
+            continued = copy.copy(self)
+            continued.__dict__.pop("_fingerprint", None)
+            continued.drawn = drawn
+            continued._passes = OrderedDict()
+            continued._saved_rows = {saved.pass_index: state["rows"]}
+            continued._resumed = None
+        self._resumed = (key, continued)
+        return continued
+
+    def saved_pass_length(self, size: int, pass_index: int) -> int:
+        if pass_index in self._saved_rows:
+            return self._saved_rows[pass_index]
+        return self.pass_length(size, pass_index)
 
     def _identity(self) -> tuple[Any, ...]:
         identity = (self.digest, len(self.lengths), self.capacity, self.split, self.window, self.padded, self.truncate)
@@ -131,6 +189,21 @@ def strategy_setting(strategy: Strategy) -> tuple[str, str]:
     return name, strategy.fingerprint()
 
 
+def _checked_splice(state: Any) -> dict[str, Any]:
+    """A row order's saved slot, refused naming the field unless it is exactly a version 1 slot."""
+    if not isinstance(state, Mapping) or set(state) != set(_SPLICE_FIELDS):
+        keys = sorted(state) if isinstance(state, Mapping) else state
+        raise IncompatibleStateError("strategy_state", keys, list(_SPLICE_FIELDS), "not a row order's state")
+    if state["version"] != SPLICE_VERSION:
+        raise IncompatibleStateError("strategy_state.version", state["version"], SPLICE_VERSION, "unknown version")
+    for name in ("splice", "rows"):
+        if type(state[name]) is not int or state[name] < 0:
+            raise IncompatibleStateError(f"strategy_state.{name}", state[name], "a non-negative int")
+    if not isinstance(state["fingerprint"], str):
+        raise IncompatibleStateError("strategy_state.fingerprint", state["fingerprint"], "a str")
+    return dict(state)
+
+
 def _rows_themselves(positions: np.ndarray) -> np.ndarray:
     return positions
 
@@ -141,6 +214,7 @@ class PassRows:
     def __init__(self, order: RowOrder, pass_index: int) -> None:
         self._order = order
         length, draws = order.draws(pass_index)
+        self.draws = length  # positions of the packed strategy's pass
         self._windows = PassWindows(length, order.window, order.seed, pass_index, draws)
         if order.split:
             self._built: WindowCache[Any] = WindowCache(self._concat_window)

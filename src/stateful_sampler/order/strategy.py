@@ -70,10 +70,12 @@ class Strategy(ABC):
         sampler holds (the global batch) takes it here instead of asking the user twice."""
         return self
 
-    def state_at(self, pass_index: int, offset: int) -> dict[str, Any] | None:
+    def state_at(self, pass_index: int, offset: int, kept_from: int | None = None) -> dict[str, Any] | None:
         """The strategy's own small part of a state saved where the cursor reads ``offset`` of pass
         ``pass_index`` next, which ``resume_from`` gets back (None, the default: nothing beyond the
-        fingerprint)."""
+        fingerprint). ``kept_from``: the state also records what positions [kept_from, offset) of the pass
+        hold, so that a strategy continuing it (``resume_from``) keeps them as they were (packed rows splice
+        a changed order in at the end of the window in progress, whose rows are planned already)."""
         return None
 
     def resume_from(self, saved: SavedOrder) -> Strategy | None:
@@ -83,6 +85,13 @@ class Strategy(ABC):
         here is taken as the continuation, whatever the saved size and fingerprint; it raises
         ``IncompatibleStateError`` naming the field for a state it cannot continue."""
         return None
+
+    def saved_pass_length(self, size: int, pass_index: int) -> int:
+        """Pass ``pass_index``'s length in the run whose state this strategy continues: its own length, but for a
+        continuation (``resume_from``) that changes it from the saved position on (packed rows over a mixture
+        changed at a resume count the pass's later rows from the new order). The sampler checks the saved
+        cursor against it, and lays out the rest of the pass afresh when it differs."""
+        return self.pass_length(size, pass_index)
 
     def mismatch_hint(self) -> str:
         """Advice appended when a state of this strategy is refused for another size or fingerprint."""

@@ -27,10 +27,9 @@ from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.grouped import Grouped
 from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.length_grouped import LengthGrouped
-from stateful_sampler.order.lengths import MAX_TOKENS, refuse_longer, token_lengths
-from stateful_sampler.order.mixture import Mixture
+from stateful_sampler.order.lengths import MAX_TOKENS, lengths_digest, refuse_longer, token_lengths
 from stateful_sampler.order.rows import PassRows, RowOrder, strategy_setting
-from stateful_sampler.order.strategy import Strategy, Uniform
+from stateful_sampler.order.strategy import SavedOrder, Strategy, Uniform
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.state import SamplerState
 
@@ -61,12 +60,6 @@ def packed_strategy(strategy: Any, size: int) -> Strategy | None:
         raise TypeError(
             f"strategy={strategy!r} groups records into batches (with repeats that only even out ranks): packing "
             f"makes its own rows, so pack over the order itself (Uniform, Weighted, Mixture, Curriculum, Stratified)"
-        )
-    if isinstance(strategy, Mixture) and strategy.on_change != "refuse":
-        raise ValueError(
-            f"strategy={strategy!r} has on_change={strategy.on_change!r}: packed rows cannot take another mixture "
-            f"at a resume (a window's rows mix draws from before and after the saved position); change a packed "
-            f"mixture's weights with its schedule, a key (epoch, position) (docs/mixtures.md)"
         )
     try:
         strategy.check(size)
@@ -178,10 +171,14 @@ class RowSampler(StatefulSampler):
             )
         state = dict(state)
         packing = state.pop("packing", "<missing>")
-        self._refuse_changed_settings(packing, state.get("size"))
-        mine = {"size": self.size, "seed": self.seed, "strategy": self.strategy.name}
-        mine["strategy_fingerprint"] = self.strategy.fingerprint()
+        order = self._continuation(state)
+        changed = order is not self.strategy and order.fingerprint() != state.get("strategy_fingerprint")
+        self._refuse_changed_settings(packing, state.get("size"), order, changed)
+        mine = {"size": self.size, "seed": self.seed, "strategy": order.name}
+        mine["strategy_fingerprint"] = order.fingerprint()
         for name in _IDENTITY:
+            if changed and name in ("size", "strategy_fingerprint"):
+                continue  # the packed strategy continues the saved one (checked by it), from the splice on
             if name in state and state[name] != mine[name]:
                 reason = "the state belongs to another order"
                 if name == "strategy_fingerprint" and isinstance(packing, Mapping) and packing.get("version") == 1:
@@ -190,13 +187,17 @@ class RowSampler(StatefulSampler):
                         f"{', '.join(self._settings())} differs from the saved run's"
                     )
                 raise IncompatibleStateError(name, state[name], mine[name], reason)
-        anchor = _checked_anchor(packing, self._check_word(), self._settings())
-        rows = self.strategy.rows(anchor["pass"])
+        # a splice reads the saved order's anchor (its window and start hold in the continuation): checked as its
+        word = _check_word(state.get("strategy_fingerprint"), self.seed, state.get("size")) if changed else None
+        anchor = _checked_anchor(
+            packing, word or _check_word(order.fingerprint(), self.seed, self.size), self._settings()
+        )
+        rows = order.rows(anchor["pass"])
         if anchor["window"] >= rows.starts.count:
             raise IncompatibleStateError("packing.window", anchor["window"], f"below {rows.starts.count} windows")
         rows.starts.remember(anchor["window"], anchor["start"])  # a fact of this order (checked): kept even if
-        if anchor["rows"] is not None:  # the load below is refused
-            rows.starts.remember(rows.starts.count, anchor["rows"])
+        if anchor["rows"] is not None and not changed:  # the load below is refused (a splice keeps the windows
+            rows.starts.remember(rows.starts.count, anchor["rows"])  # up to the saved one, not the pass's total)
         # The sampler compares the state with its own, whose epoch length it computes: moved to the saved
         # epoch first (whose length the anchor holds), it never walks the windows of the epoch it was in.
         # A probe takes any refusal, so this sampler is untouched by a state it refuses.
@@ -207,16 +208,35 @@ class RowSampler(StatefulSampler):
         self.set_epoch(epoch)
         super().load_state_dict(state)
 
-    def _refuse_changed_settings(self, packing: Any, saved_size: Any) -> None:
+    def _continuation(self, state: Mapping[str, Any]) -> RowOrder:
+        """The order this sampler continues ``state`` with: its own, or the packed strategy's continuation of
+        the saved one (``RowOrder.resume_from``), which the sampler's ``load_state_dict`` takes over too."""
+        try:
+            saved = SamplerState.from_dict(state)
+        except (IncompatibleStateError, TypeError, ValueError):
+            return self.strategy  # refused, naming the field, where the state is checked
+        if saved.strategy != self.strategy.name:
+            return self.strategy
+        order = SavedOrder(saved.size, saved.strategy, saved.strategy_fingerprint, saved.strategy_state, saved.epoch, 0)
+        return self.strategy.resume_from(order) or self.strategy
+
+    def _refuse_changed_settings(self, packing: Any, saved_size: Any, order: RowOrder, changed: bool) -> None:
         """Refuse a state whose rows were packed with other settings, naming the first that changed; an
-        anchor that is no version 2 anchor is left to ``_checked_anchor``, which names what is wrong with it."""
+        anchor that is no version 2 anchor is left to ``_checked_anchor``, which names what is wrong with it.
+        ``order``: the order this sampler continues the state with; ``changed``: it continues another one (its
+        packed strategy does), over the saved lengths followed by appended ones."""
         if not isinstance(packing, Mapping) or packing.get("version") != 2:
             return
         saved = packing.get("settings")
         if not isinstance(saved, Mapping):
             return
-        mine = self._settings()
-        for name, value in {**_UNIFORM_SETTINGS, **mine}.items():
+        mine = {**self._settings(), **strategy_settings(order)}
+        if changed:
+            lengths = self.strategy.lengths
+            if type(saved_size) is int and 0 <= saved_size <= len(lengths):
+                mine["lengths"] = lengths_digest(lengths[:saved_size])[:16]  # the saved records' lengths kept
+            mine = {name: value for name, value in mine.items() if name not in _UNIFORM_SETTINGS}
+        for name, value in {**({} if changed else _UNIFORM_SETTINGS), **mine}.items():
             if name in _UNIFORM_SETTINGS:
                 before = saved.get(name, _UNIFORM_SETTINGS[name])
             elif name in saved:
@@ -252,7 +272,7 @@ class RowSampler(StatefulSampler):
         anchor: dict[str, Any] = {"version": PACKING_VERSION, "pass": pass_index, "window": window, "start": start}
         anchor["rows"] = count
         anchor["settings"] = self._settings()
-        anchor["check"] = _check(self._check_word(), anchor)
+        anchor["check"] = _check(_check_word(self.strategy.fingerprint(), self.seed, self.size), anchor)
         return anchor
 
     def _row_at(self, state: Mapping[str, Any]) -> tuple[int, int]:
@@ -263,9 +283,6 @@ class RowSampler(StatefulSampler):
         if not self.strategy.split:
             return epoch, offset % length
         return epoch + offset // length, offset % length
-
-    def _check_word(self) -> str:
-        return f"{self.strategy.fingerprint()}|{self.seed}|{self.size}"
 
 
 def checked_rows(order: RowOrder, epoch: Any, row: Any, *, name: str, unit: str) -> PassRows:
@@ -288,6 +305,11 @@ def strategy_settings(order: RowOrder) -> dict[str, Any]:
     (its states are as before)."""
     drawn = order.drawn
     return {} if drawn is None else dict(zip(("strategy", "strategy_fingerprint"), strategy_setting(drawn)))
+
+
+def _check_word(fingerprint: Any, seed: int, size: Any) -> str:
+    """What an anchor's check binds it to: the order (its fingerprint), the seed and the size."""
+    return f"{fingerprint}|{seed}|{size}"
 
 
 def _check(word: str, anchor: Mapping[str, Any]) -> str:
