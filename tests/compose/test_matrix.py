@@ -5,8 +5,11 @@ For every supported cell, a state saved mid-epoch resumes at the same topology w
 step by step (and a later checkpoint of the resumed run resumes exactly too), and at W 4->3, 3->4 and half the
 per-rank batch (ranks simulated in one process) with every unconsumed record, every token for packed rows, exactly
 once, nothing consumed again, in equal steps on every rank. The cells that are not supported are listed in
-``REFUSED`` with the exact error they raise. One real SIGKILL (slow) covers the row's four batchings at once: run
-in lockstep with 2 workers by ``matrix_kill_run.py``, killed mid-epoch, resumed with 0 workers.
+``REFUSED`` with the exact error they raise, and a batching a source does not have in ``UNBUILT``. One real SIGKILL
+(slow) covers the map-style row's four batchings at once: run in lockstep with 2 workers by ``matrix_kill_run.py``,
+killed mid-epoch, resumed with 0 workers. The stream row's real SIGKILLs are its pieces' (tests/stream:
+``MixedStream`` fixed batches, ``PackedStream`` split rows) and examples/pretrain_mixture.py's (packed rows of a
+``MixedStream`` with a schedule change, under verify: tests/docs/test_examples.py).
 
 A *source* builds what a cell runs: ``MapStyle``, a ``StatefulSampler`` or a packed sampler over a strategy of
 map-style datasets; ``Streamed``, a ``ShardedStream`` (uniform) or a ``MixedStream`` (weighted and the mixtures) of
