@@ -3,6 +3,7 @@ included), elastic at another world size and batch, a changed source or mixture 
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Sequence
 from itertools import islice
@@ -19,6 +20,7 @@ from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.loader import ResumableLoader
 from stateful_sampler.stream import MixedStream, PackedStream, ShardedStream
 from tests.stream.test_packed_stream import COUNTS, CountingShards, TokenShards, tokens
+from tests.stream.test_packed_stream import packed as packed_sharded
 
 STREAMED = sum(COUNTS)  # 31 records of the sharded source: indices 0..30
 DICTS = [{"input_ids": tokens(STREAMED + i)} for i in range(9)]  # indices 31..39, records with a token field
@@ -233,8 +235,6 @@ def test_a_state_of_a_changed_source_is_refused_naming_it() -> None:
 
 
 def test_a_state_of_a_sharded_stream_is_refused_by_a_mixed_one_and_back() -> None:
-    from tests.stream.test_packed_stream import packed as packed_sharded
-
     with pytest.raises(IncompatibleStateError, match="'stream.source': saved \"a ShardedStream's state\""):
         packed().load_state_dict(packed_sharded().state_dict())
     with pytest.raises(IncompatibleStateError, match="'stream.source': saved \"a MixedStream's state\""):
@@ -243,11 +243,6 @@ def test_a_state_of_a_sharded_stream_is_refused_by_a_mixed_one_and_back() -> Non
     state["stream"]["source"] = "mixed"
     with pytest.raises(IncompatibleStateError, match="'stream.source': saved 'mixed'"):
         packed().load_state_dict(state)
-
-
-def test_on_change_continue_is_refused_naming_on_change() -> None:
-    with pytest.raises(ValueError, match="stream: its on_change='continue' cannot be packed yet"):
-        PackedStream(make_mixed(on_change="continue"), 16)
 
 
 def test_a_mixed_stream_with_ranks_or_a_transform_is_refused() -> None:
@@ -281,3 +276,112 @@ def test_a_lengths_cache_keeps_the_stream_source_s_lengths(tmp_path: Path) -> No
     restarted = build(second)
     assert second.read_shards == []
     assert [list(plan) for plan in restarted] == plans == [list(plan) for plan in packed()]
+
+
+# -- on_change="continue": a state saved under one mixture continued under another, spliced at the saved window's end
+
+APPENDED = [tokens(STREAMED + 14 + i) for i in range(6)]  # indices 45..50: a source appended at the resume
+
+
+def continuing(world: int = 1, rank: int = 0, batch: int = 2, changed: bool = False, **kwargs: Any) -> PackedStream:
+    """Packed rows of a mixed stream built to continue another; ``changed``: other weights and a source appended."""
+    kwargs.setdefault("window", 8)
+    mixed = make_mixed(on_change="continue")
+    if changed:
+        mixed = MixedStream([*mixed.sources, APPENDED], [1, 1, 2, 3], batch_size=4, num_samples=DRAWS, seed=9,
+                            schedule={(1, 10): [1, 1, 1, 1]}, on_change="continue")  # fmt: skip
+    return PackedStream(mixed, 16, batch_size=batch, num_replicas=world, rank=rank, **kwargs)
+
+
+def continued_tokens(state: dict[str, Any], in_order: bool = False) -> Any:
+    """Every token of epoch 0's draws in a run saved at ``state`` and resumed changed: the saving mixture's draws up
+    to the splice (the end of the saved row's window), then the changed mixture's, continued there (``in_order``:
+    as a list, else a multiset)."""
+    splice = state["strategy_state"]["splice"]
+    assert splice == min((state["packing"]["window"] + 1) * 8, DRAWS)
+    saving, resumed = continuing().stream, copy.copy(continuing(changed=True).stream)
+    assert isinstance(saving, MixedStream) and isinstance(resumed, MixedStream)
+    resumed.mixture = resumed.mixture.continued_at(splice, [*saving.mixture.draws_before(0, splice).tolist(), 0])
+    records = saving.epoch_indices(0, np.arange(splice)).tolist()
+    records += resumed.epoch_indices(0, np.arange(splice, DRAWS)).tolist()
+    delivered = [token for record in records for token in tokens(record)]
+    return delivered if in_order else Counter(delivered)
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_state_saved_under_another_mixture_continues_at_the_same_topology(split: bool) -> None:
+    uninterrupted = [list(plan) for plan in continuing(split_records=split)]
+    for step in (0, 3, 7, len(uninterrupted) // 2 - 1):  # inside epoch 0, the last batch included
+        live = continuing(split_records=split)
+        seen = list(islice(live, 2 * step))
+        state = live.state_dict(consumed_batches=step)
+        resumed = continuing(changed=True, split_records=split)
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert real_tokens(seen) + real_tokens(rest) == continued_tokens(state)
+        if split:  # the run's tokens are the epoch's draws in order: the saving mixture's, then the changed one's
+            assert [token for plan in seen + rest for token in row_tokens(plan)] == list(continued_tokens(state, True))
+        else:  # the saved row's window keeps its rows: they were planned from the old order
+            rows = live.strategy.rows(0)
+            kept = next((row for row in range(rows.count()) if rows.anchor(row)[0] > state["packing"]["window"]), None)
+            kept = rows.count() if kept is None else kept
+            assert (
+                kept > 2 * step and [list(plan) for plan in rest[: kept - 2 * step]] == uninterrupted[2 * step : kept]
+            )
+        assert any(record >= STREAMED + 14 for plan in rest for record, _, _ in plan)  # the appended source is drawn
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_later_checkpoint_of_a_continued_run_reproduces_both_segments(split: bool) -> None:
+    live = continuing(split_records=split)
+    list(islice(live, 6))
+    state = live.state_dict(consumed_batches=3)
+    resumed = continuing(changed=True, split_records=split)
+    resumed.load_state_dict(state)
+    reference = [list(plan) for plan in copy.deepcopy(resumed)]
+    for step in range(len(reference) // 2 + 1):
+        again = continuing(changed=True, split_records=split)
+        again.load_state_dict(state)
+        seen = [list(plan) for plan in islice(again, 2 * step)]
+        later = again.state_dict(consumed_batches=step)
+        twin = continuing(changed=True, split_records=split)
+        twin.load_state_dict(later)
+        assert twin.state_dict() == later
+        assert seen + [list(plan) for plan in twin] == reference
+    assert [list(plan) for plan in resumed] == reference
+    next_epoch = continuing(changed=True, split_records=split)
+    next_epoch.load_state_dict(resumed.state_dict())  # after the continued epoch: its epoch 1, the sources going on
+    assert (next_epoch.epoch, resumed.epoch) == (1, 1)
+    assert [list(plan) for plan in next_epoch] == [list(plan) for plan in resumed]
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize(
+    ("world", "batch", "resumed_world", "resumed_batch"), [(4, 1, 3, 1), (3, 1, 4, 1), (2, 2, 2, 1)]
+)
+def test_a_continued_mixture_at_another_topology_delivers_every_token_once(
+    split: bool, world: int, batch: int, resumed_world: int, resumed_batch: int
+) -> None:
+    before = [list(islice(continuing(world, rank, batch, split_records=split), 2 * batch)) for rank in range(world)]
+    saver = continuing(world, 0, batch, split_records=split)
+    list(islice(saver, 2 * batch))
+    state = saver.state_dict(consumed_batches=2)
+    after = []
+    for rank in range(resumed_world):
+        rows = continuing(resumed_world, rank, resumed_batch, changed=True, split_records=split)
+        rows.load_state_dict(state)
+        after.append(list(rows))
+    assert len({len(plans) for plans in after}) == 1  # equal steps on every rank
+    assert sum((real_tokens(plans) for plans in before + after), Counter()) == continued_tokens(state)
+    assert all(plan.key.is_padding for plans in after for plan in plans if plan.is_padding)
+
+
+def test_a_removed_source_or_one_built_to_refuse_is_refused_by_name() -> None:
+    state = continuing().state_dict()
+    dropped = MixedStream(make_mixed().sources[:2], [1, 1], batch_size=4, num_samples=DRAWS, seed=9,
+                          on_change="continue")  # fmt: skip
+    with pytest.raises(IncompatibleStateError, match="'sources'"):
+        PackedStream(dropped, 16, batch_size=2, num_replicas=1, rank=0, window=8).load_state_dict(state)
+    refusing = PackedStream(make_mixed(weights=(1, 2, 3)), 16, batch_size=2, num_replicas=1, rank=0, window=8)
+    with pytest.raises(IncompatibleStateError, match="'mixture'"):
+        refusing.load_state_dict(state)

@@ -4,6 +4,10 @@ Pass p of this strategy is epoch p of the stream's order: position i holds the i
 stream delivers at epoch position i (a ``ShardedShuffle``: shards concatenated in the order given; a mixed
 stream: its sources concatenated, a record drawn twice sitting at two positions). Row packing
 (``order.rows``) takes any strategy's passes, so a stream's records are packed in exactly the stream's order.
+
+A mixed stream's order may change at a resume (``on_change="continue"``): it is a ``ChangingOrder``, whose
+``state_at`` / ``resume_from`` this strategy passes on, so packed rows splice the new order in as they do
+over a ``Mixture`` (``RowOrder.resume_from``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from stateful_sampler.order.shards import ShardedShuffle
-from stateful_sampler.order.strategy import PassOrder, Strategy
+from stateful_sampler.order.strategy import PassOrder, SavedOrder, Strategy
 
 
 class EpochRecords(Protocol):
@@ -28,13 +32,26 @@ class EpochOrder(Protocol):
         """Epoch ``epoch``'s order; its set-up cost is paid here, once per epoch."""
 
 
+class ChangingOrder(EpochOrder, Protocol):
+    """An order that a resume may continue under another order (a mixed stream's draws, its mixture changed)."""
+
+    def identity(self) -> str:
+        """What shapes the order now (a changed one's differs from the order it was built as)."""
+
+    def state_at(self, epoch: int, position: int, kept_from: int | None) -> dict[str, Any] | None:
+        """``Strategy.state_at``'s slot for this order at ``position`` of ``epoch``."""
+
+    def resume_from(self, saved: SavedOrder) -> ChangingOrder | None:
+        """``Strategy.resume_from``: the order continuing ``saved``, None when it is this order's own."""
+
+
 class StreamOrder(Strategy):
     """Every pass is ``shuffle``'s order at that epoch; ``source`` is the stream's own identity (its saved
     state at epoch 0), so the fingerprint changes with the stream's sources and settings.
 
     ``records`` (the record count the lengths give) and ``pass_length`` (positions an epoch) are
     ``shuffle.size`` for a ``ShardedShuffle``, where each record sits once an epoch; a mixed stream's epoch
-    draws ``pass_length`` times from its ``records``.
+    draws ``pass_length`` times from its ``records``, and its order is a ``ChangingOrder``.
 
     Example:
         >>> import numpy as np
@@ -46,7 +63,12 @@ class StreamOrder(Strategy):
     name = "sharded-stream"
 
     def __init__(
-        self, shuffle: EpochOrder, source: str, *, records: int | None = None, pass_length: int | None = None
+        self,
+        shuffle: ShardedShuffle | ChangingOrder,
+        source: str,
+        *,
+        records: int | None = None,
+        pass_length: int | None = None,
     ) -> None:
         if isinstance(shuffle, ShardedShuffle):
             records = shuffle.size if records is None else records
@@ -73,7 +95,20 @@ class StreamOrder(Strategy):
     def pass_order(self, size: int, seed: int, pass_index: int) -> PassOrder:
         return self.shuffle.epoch(pass_index).records
 
+    def state_at(self, pass_index: int, offset: int, kept_from: int | None = None) -> dict[str, Any] | None:
+        if isinstance(self.shuffle, ShardedShuffle):
+            return None  # a sharded stream's order never changes at a resume: its fingerprint says it all
+        return self.shuffle.state_at(pass_index, offset, kept_from)
+
+    def resume_from(self, saved: SavedOrder) -> StreamOrder | None:
+        if isinstance(self.shuffle, ShardedShuffle) or saved.state is None:
+            return None
+        continued = self.shuffle.resume_from(saved)
+        if continued is None:
+            return None
+        return StreamOrder(continued, self.source, records=self.records, pass_length=self.length)
+
     def _identity(self) -> tuple[Any, ...]:
         if isinstance(self.shuffle, ShardedShuffle):  # the identity packed sharded streams have been saved with
             return (self.shuffle.counts, self.shuffle.window, self.shuffle.seed, self.source)
-        return (self.records, self.length, self.source)
+        return (self.records, self.length, self.source, self.shuffle.identity())

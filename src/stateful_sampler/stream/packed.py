@@ -35,6 +35,8 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 from stateful_sampler.errors import IncompatibleStateError
+from stateful_sampler.order.mixture import Mixture
+from stateful_sampler.order.strategy import SavedOrder
 from stateful_sampler.order.stream_order import StreamOrder
 from stateful_sampler.packing.base import DEFAULT_WINDOW
 from stateful_sampler.packing.dataset import PackedDataset
@@ -44,6 +46,7 @@ from stateful_sampler.stream.mixed import MixedStream
 from stateful_sampler.stream.readers import ShardReader
 
 PACKED_STREAM_VERSION = 1
+_DRAWS_FIELDS = {"mixture", "slot"}
 _SOURCE_FIELDS = {"version", "source"}
 
 
@@ -193,13 +196,42 @@ class SourceRecords(Dataset):
 
 
 class MixedDraws:
-    """A ``MixedStream``'s draws as an ``order.stream_order.EpochOrder``: epoch e's records by position."""
+    """A ``MixedStream``'s draws as an ``order.stream_order.ChangingOrder``: epoch e's records by position, and
+    the mixture's slot and continuation (``Mixture.state_at`` / ``resume_from``), so that packed rows over a
+    ``MixedStream(on_change="continue")`` splice another mixture in at a resume as over a ``Mixture``."""
 
     def __init__(self, stream: MixedStream) -> None:
         self.stream = stream
 
     def epoch(self, epoch: int) -> MixedEpoch:
         return MixedEpoch(self.stream, epoch)
+
+    def identity(self) -> str:
+        return self.stream.mixture.fingerprint()
+
+    def state_at(self, epoch: int, position: int, kept_from: int | None) -> dict[str, Any]:
+        mixture = self.stream.mixture
+        return {"mixture": mixture.fingerprint(), "slot": mixture.state_at(epoch, position, kept_from=kept_from)}
+
+    def resume_from(self, saved: SavedOrder) -> MixedDraws | None:
+        """These draws under the mixture that continues the saved one (a copy of the stream holding it), None
+        when the saved mixture is this one; another mixture is refused naming ``mixture`` unless the stream was
+        built with ``on_change="continue"``."""
+        slot = saved.state
+        if not isinstance(slot, Mapping) or set(slot) != _DRAWS_FIELDS or not isinstance(slot["mixture"], str):
+            raise IncompatibleStateError(
+                "strategy_state.drawn", slot, f"a dict with {sorted(_DRAWS_FIELDS)}", "not a mixed stream's draws"
+            )
+        mixture = self.stream.mixture
+        at = SavedOrder(saved.size, Mixture.name, slot["mixture"], slot["slot"], saved.pass_index, saved.offset)
+        resumed = mixture.resume_from(at)
+        if resumed is None:
+            raise IncompatibleStateError("mixture", slot["mixture"], mixture.fingerprint(), mixture.mismatch_hint())
+        if resumed is mixture:
+            return None
+        stream = copy.copy(self.stream)
+        stream.mixture = resumed  # as MixedStream.load_state_dict continues: the draws are the mixture's
+        return MixedDraws(stream)
 
 
 class MixedEpoch:
@@ -283,7 +315,6 @@ class PackedStream(PackedRows):
         self.source = stream.state_at(0, 0)  # the source's identity, whatever its own cursor is
         source = json.dumps(self.source, sort_keys=True)
         if isinstance(stream, MixedStream):
-            _refuse_continue(stream)
             for index, part in enumerate(stream.sources):
                 _refuse_transform(f"streams[{index}]", part, tokens)
             lengths = mixed_lengths(stream, tokens, lengths_cache)
@@ -377,13 +408,4 @@ def _refuse_transform(name: str, source: Any, tokens: str) -> None:
         raise ValueError(
             f"{name}: its transform {transform!r} would not be applied (rows are built from the records' "
             f"{tokens!r}): build the {type(source).__name__} without a transform"
-        )
-
-
-def _refuse_continue(stream: MixedStream) -> None:
-    if stream.mixture.on_change != "refuse":
-        raise ValueError(
-            f"stream: its on_change={stream.mixture.on_change!r} cannot be packed yet (a window of rows in progress "
-            f"at a resume mixes draws from before and after the saved position): build the MixedStream with "
-            f"on_change='refuse', and change a packed mixture's weights with its schedule, a key (epoch, position)"
         )
