@@ -231,8 +231,16 @@ class Streamed(MapStyle):
     def draw_tokens(
         self, order: str, batching: str, consumed: list[Unit], after: dict[int, Any], state: Any
     ) -> Counter[Any]:
-        if order == "mixture-continue":
+        if order == "mixture-continue" and batching == "fixed":
             records = [u.content for u in consumed] + list(after.values())
+        elif order == "mixture-continue":  # packed: the saving stream's draws up to the splice, the changed one's on
+            splice = state["strategy_state"]["splice"]
+            assert splice == min((state["packing"]["window"] + 1) * WINDOW, NUM_SAMPLES)
+            saving, changed = self.stream(order, resumed=False), self.stream(order, resumed=True)
+            assert isinstance(saving, MixedStream) and isinstance(changed, MixedStream)
+            changed.load_state_dict(saving.state_at(0, splice))  # MixedStream's own continuation at the splice
+            records = saving.epoch_indices(0, np.arange(splice)).tolist()
+            records += changed.epoch_indices(0, np.arange(splice, NUM_SAMPLES)).tolist()
         else:  # the epoch's draws, as the stream alone (no ranks) delivers them
             records = [key.index for _, key in self.stream(order, resumed=False, yield_keys=True)]
         return Counter((index, t) for index in records for t in range(LENGTHS[index]))
@@ -248,20 +256,9 @@ _HALF_BUDGET = (
         "max_tokens=40: build the sampler with max_tokens=40 to resume it (another max_tokens is another order)"
     ),
 )
-_PACKED_STREAM_CONTINUE = (
-    ValueError,
-    (
-        "stream: its on_change='continue' cannot be packed yet (a window of rows in progress at a resume mixes draws "
-        "from before and after the saved position): build the MixedStream with on_change='refuse', and change a "
-        "packed mixture's weights with its schedule, a key (epoch, position)"
-    ),
-)
 REFUSED = {
     # a token budget's per-rank batch is its max_tokens, which shapes every batch: half of it is another order
     **{("map-style", o, "token-budget", "half-batch"): _HALF_BUDGET for o in ORDERS},
-    # PackedStream over a MixedStream that takes another mixture at a resume: refused when it is built
-    **{("stream", "mixture-continue", b, t): _PACKED_STREAM_CONTINUE
-       for b in ("packed-split", "packed-whole") for t in ("same", *TOPOLOGIES)},
 }  # fmt: skip
 # The batchings a source does not have, refused when they are built, with the exact error: the library has no
 # token-budget batching of a stream (TokenBudgetBatches takes lengths; a stream given for them is refused).
