@@ -1,17 +1,27 @@
-"""Pre-training on a mixture of three corpora packed into rows of 256 tokens, its weights changed mid-run.
+"""Pre-training on a mixture of corpora packed into rows of 256 tokens, its weights changed twice mid-run.
 
 Two corpora are map-style (lists of documents in memory: "books" and "code"), the third ("web") is streamed from
 parquet shards that the example writes under ``--root``. ``MixedStream`` draws documents from the three at weights
 5:2:3; ``PackedStream`` concatenates the drawn documents and cuts them into rows of 256 tokens (``position_ids``
-restarting at each document, a block-diagonal causal mask, labels masked at each document's first token). At 80% of
-the run a ``schedule`` entry anneals the weights towards "code" (a key ``(epoch, position)``: mid-epoch, each corpus
-going on where it stood). The loader's state is saved with the model every 5 steps; run the command again and it
-resumes from the last checkpoint, exactly, as ``stateful-sampler verify`` checks (SIGKILL, resume, EQUAL):
+restarting at each document, a block-diagonal causal mask, labels masked at each document's first token).
+
+The weights change twice, each corpus going on through its own order where it stood:
+
+- by hand, at a resume: after step 10 (a checkpoint) the run goes on under another mixture, with a fourth corpus
+  ("math") appended: the state saved under the first mixture loads into ``MixedStream(..., on_change="continue")``,
+  and the new weights take over at the end of the saved row's window of draws (``WINDOW``). The run does it in
+  process; a run resumed from a later checkpoint builds the changed mixture at once, and its state says where the
+  change was;
+- planned, at 80% of the run: a ``schedule`` entry ``(epoch, position)`` anneals the weights towards "code".
+
+The loader's state is saved with the model every 5 steps; run the command again and it resumes from the last
+checkpoint, exactly, as ``stateful-sampler verify`` checks (SIGKILL, resume, EQUAL). At the end it prints each
+corpus's share of the draws in each segment, against its weights (``audit_segments``).
 
     python examples/pretrain_mixture.py --root runs/pretrain   # trains (a few seconds); run it again: it resumes
-    stateful-sampler verify --kill-at 27 -- python examples/pretrain_mixture.py --root {run_dir}
+    stateful-sampler verify --kill-at 12 -- python examples/pretrain_mixture.py --root {run_dir}
 
-The model is a causal LM of about 3,700 parameters (one attention layer), trained by plain SGD on CPU.
+The model is a causal LM of about 3,400 parameters (one attention layer), trained by plain SGD on CPU.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +49,20 @@ VOCAB, SEQ_LEN, BATCH, WIDTH, LR = 64, 256, 4, 16, 2.0
 DRAWS, EPOCHS, SAVE_EVERY, SEED = 400, 2, 5, 7  # documents drawn an epoch; the run is 2 epochs
 WEIGHTS = [5, 2, 3]  # books, code, web
 ANNEAL = {(1, 240): [2, 6, 2]}  # from position 240 of epoch 1 (draw 640 of the run's 800: 80%) on
-RULES = {"books": (5, 3, 0.9), "code": (7, 1, 0.95), "web": (3, 11, 0.7)}  # next = (a * token + b) % VOCAB, w.p. p
-DOCUMENTS = {"books": 240, "code": 160, "web": 320}
+RESTART = 10  # after this step (a checkpoint, mid-epoch 0) the run goes on under the mixture changed by hand:
+CHANGED = [4, 2, 3, 1]  # books, code, web and "math", appended
+CHANGED_ANNEAL = {(1, 240): [2, 5, 2, 1]}  # the planned anneal, over the four
+RULES = {"books": (5, 3, 0.9), "code": (7, 1, 0.95), "web": (3, 11, 0.7), "math": (9, 5, 0.98)}  # next = (a*t + b) % V
+DOCUMENTS = {"books": 240, "code": 160, "web": 320, "math": 80}
 WEB_SHARDS = 8
+WINDOW = 100  # draws packed together: a change at a resume takes effect at the end of the saved row's window
 
 
 def corpus(name: str) -> list[dict[str, list[int]]]:
     """A corpus's documents: token sequences of log-normal length (4..400), each token following the last by the
     corpus's rule, with noise."""
     a, b, p = RULES[name]
-    rng = np.random.default_rng(sorted(RULES).index(name))
+    rng = np.random.default_rng(list(RULES).index(name))
     lengths = np.clip(rng.lognormal(3.6, 0.8, DOCUMENTS[name]).astype(int), 4, 400)
     documents = []
     for length in lengths.tolist():
@@ -72,17 +87,25 @@ def web_shards(root: Path) -> list[str]:
     return [str(path) for path in paths]
 
 
-def packed_rows(root: Path) -> PackedStream:
-    """The pipeline: the three corpora mixed, then packed; streams built without ranks (the rows are dealt)."""
+def packed_rows(root: Path, changed: bool) -> PackedStream:
+    """The pipeline: the corpora mixed, then packed; streams built without ranks (the rows are dealt). ``changed``:
+    the mixture as changed by hand after step ``RESTART`` ("math" appended, other weights), which takes a state saved
+    under the first one (``on_change="continue"``)."""
     web = ShardedStream(web_shards(root), ParquetReader(columns=["input_ids"]), batch_size=1, window=2, seed=SEED)
-    mixed = MixedStream([corpus("books"), corpus("code"), web], WEIGHTS, batch_size=1, num_samples=DRAWS,
-                        schedule=ANNEAL, seed=SEED)  # fmt: skip
-    return PackedStream(mixed, SEQ_LEN, batch_size=BATCH, attention="mask", lengths_cache=root / "lengths")
+    corpora = [corpus("books"), corpus("code"), web]
+    if changed:
+        mixed = MixedStream([*corpora, corpus("math")], CHANGED, batch_size=1, num_samples=DRAWS,
+                            schedule=CHANGED_ANNEAL, on_change="continue", seed=SEED)  # fmt: skip
+    else:
+        mixed = MixedStream(corpora, WEIGHTS, batch_size=1, num_samples=DRAWS, schedule=ANNEAL, seed=SEED)
+    return PackedStream(
+        mixed, SEQ_LEN, batch_size=BATCH, window=WINDOW, attention="mask", lengths_cache=root / "lengths"
+    )
 
 
 class TinyLM(nn.Module):
     """Token embeddings, a position embedding of the document position (capped), one masked self-attention layer and a
-    linear head: about 3,700 parameters."""
+    linear head: about 3,400 parameters."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -100,18 +123,18 @@ def train(root: Path) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = TinyLM()
-    rows = packed_rows(root)
-    loader = ResumableLoader(rows.loader(num_workers=2))
-    checkpoint, step = root / "checkpoint.pt", 0
+    checkpoint, step, state = root / "checkpoint.pt", 0, None
     if checkpoint.exists():
         saved = torch.load(checkpoint)
         model.load_state_dict(saved["model"])
-        loader.load_state_dict(saved["loader"])
-        step = saved["step"]
-        print(f"resumed from step {step} (epoch {loader.epoch})", flush=True)
-    for epoch in range(loader.epoch, EPOCHS):
-        loader.set_epoch(epoch)  # a new epoch starts at 0; the restored one keeps its position
-        for batch in loader:
+        step, state = saved["step"], saved["loader"]
+        print(f"resumed from step {step}", flush=True)
+    while True:  # once, or twice when the run reaches RESTART: then on under the changed mixture, from its state
+        rows = packed_rows(root, changed=step >= RESTART)
+        loader = ResumableLoader(rows.loader(num_workers=2))
+        if state is not None:
+            loader.load_state_dict(state)
+        for batch in epochs(loader):
             logits = model(batch["input_ids"], batch["position_ids"], batch["attention_mask"])
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1))
             model.zero_grad()
@@ -120,12 +143,26 @@ def train(root: Path) -> None:
                 for parameter in model.parameters():
                     parameter -= LR * parameter.grad
             step += 1
-            print(f"step {step} epoch {epoch} loss {loss.item():.4f}", flush=True)
+            print(f"step {step} epoch {loader.epoch} loss {loss.item():.4f}", flush=True)
             if step % SAVE_EVERY == 0:
                 save(checkpoint, {"model": model.state_dict(), "loader": loader.state_dict(), "step": step})
+            if step == RESTART:
+                break
+        else:
+            break
+        state = loader.state_dict()
     record_weights(model)  # for `stateful-sampler verify -- python examples/pretrain_mixture.py --root {run_dir}`
     print(f"trained {step} steps of {BATCH} rows of {SEQ_LEN} tokens; each corpus's share of the draws:")
-    print(audit_segments(rows.stream.mixture, until=(EPOCHS, 0)).table(), flush=True)
+    first = packed_rows(root, changed=False).stream.mixture
+    continued = rows.strategy.drawn.shuffle.stream.mixture  # the changed mixture, as the rows continued it
+    print(audit_segments(first, continued, until=(EPOCHS, 0)).table(), flush=True)
+
+
+def epochs(loader: ResumableLoader) -> Iterator[Any]:
+    """The run's batches, epoch after epoch; a restored epoch goes on from its position."""
+    for epoch in range(loader.epoch, EPOCHS):
+        loader.set_epoch(epoch)  # a new epoch starts at 0; the restored one keeps its position
+        yield from loader
 
 
 def save(path: Path, state: dict[str, Any]) -> None:

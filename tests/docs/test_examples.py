@@ -72,7 +72,7 @@ RUNS: dict[str, list[str]] = {
     "parquet_stream": example("parquet_stream.py"),
     "imbalanced": example("imbalanced.py", "--plot", "{dir}/composition.png"),
     "mixture": example("mixture.py", "--plot", "{dir}/mixture.png"),
-    "pretrain_mixture": [*VERIFY, "27", "--", *example("pretrain_mixture.py", "--root", "{run_dir}")],
+    "pretrain_mixture": [*VERIFY, "12", "--", *example("pretrain_mixture.py", "--root", "{run_dir}")],
 }  # fmt: skip
 
 
@@ -176,10 +176,11 @@ def test_mixture_is_killed_resumed_and_reports_its_source_shares(runs: Callable[
 
 
 def test_pretrain_mixture_is_verified_equal_after_a_sigkill_mid_epoch(runs: Callable[[str], tuple[str, Path]]) -> None:
-    """Mixed corpora (two map-style, one parquet stream), packed rows, the schedule's change at 80% of the run: the
-    run killed in epoch 1 before the change resumes across it with the uninterrupted run's rows and weights."""
+    """Mixed corpora (two map-style, one parquet stream), packed rows: killed after step 12, the run resumes from step
+    10, where it changes its mixture by hand (on_change="continue", a corpus appended), then crosses the schedule's
+    change at 80%, with the uninterrupted run's rows and weights."""
     out, _ = runs("pretrain_mixture")
-    assert "killed after step 27; resumed from the checkpoint at step 25\n" in out
+    assert "killed after step 12; resumed from the checkpoint at step 10\n" in out
     assert "batches compared: 37 (37 steps x 1 rank(s)), identical to the uninterrupted run's: 37\n" in out
     assert "EQUAL: the killed and resumed run trained on exactly the batches" in out
 
