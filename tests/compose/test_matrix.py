@@ -1,15 +1,20 @@
-"""Issue 26's matrix, map-style rows: {map-style} x {uniform, weighted, mixture changed mid-epoch, mixture changed
-at the resume with a source appended} x {fixed batches, packed split, packed whole, token budget}.
+"""Issue 26's matrix: {map-style, stream} x {uniform, weighted, mixture changed mid-epoch, mixture changed at the
+resume with a source appended} x {fixed batches, packed split, packed whole, token budget}.
 
 For every supported cell, a state saved mid-epoch resumes at the same topology with the uninterrupted run's batches
 step by step (and a later checkpoint of the resumed run resumes exactly too), and at W 4->3, 3->4 and half the
 per-rank batch (ranks simulated in one process) with every unconsumed record, every token for packed rows, exactly
 once, nothing consumed again, in equal steps on every rank. The cells that are not supported are listed in
-``REFUSED`` with the exact error they raise. One real SIGKILL (slow) covers the row's four batchings at once: run
-in lockstep with 2 workers by ``matrix_kill_run.py``, killed mid-epoch, resumed with 0 workers.
+``REFUSED`` with the exact error they raise, and a batching a source does not have in ``UNBUILT``. One real SIGKILL
+(slow) covers the map-style row's four batchings at once: run in lockstep with 2 workers by ``matrix_kill_run.py``,
+killed mid-epoch, resumed with 0 workers. The stream row's real SIGKILLs are its pieces' (tests/stream:
+``MixedStream`` fixed batches, ``PackedStream`` split rows) and examples/pretrain_mixture.py's (packed rows of a
+``MixedStream`` with a schedule change, under verify: tests/docs/test_examples.py).
 
-A *source* builds what a cell runs (``MapStyle``: a ``StatefulSampler`` or a packed sampler over a ``Mixture`` of
-map-style datasets); stream sources (``MixedStream``, ``PackedStream``) join as another entry of ``SOURCES``.
+A *source* builds what a cell runs: ``MapStyle``, a ``StatefulSampler`` or a packed sampler over a strategy of
+map-style datasets; ``Streamed``, a ``ShardedStream`` (uniform) or a ``MixedStream`` (weighted and the mixtures) of
+tiny in-memory shards and one map-style corpus, batched by the stream itself or packed by ``PackedStream``. Both
+number a record by its place in the sources concatenated, so one table of lengths serves both rows.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from stateful_sampler import (
     Uniform,
     Weighted,
 )
+from stateful_sampler.stream import MixedStream, PackedStream, ShardedStream
 from tests.compose.matrix_kill_run import loaders
 
 SEED = 11
@@ -148,7 +154,100 @@ class MapStyle:
         return any((piece[0] if isinstance(piece, tuple) else piece) >= sum(SIZES) for piece in pieces)
 
 
-SOURCES = {"map-style": MapStyle()}
+# The stream row: corpus 0 is map-style (a list of records), corpora 1 and 2 are sharded streams, the corpus appended
+# at the resume is a third; "uniform" is one stream of all the saved run's records. Counts are records per shard.
+CORPUS_SHARDS = ([6, 0, 9, 7], [4, 6])  # SIZES[1] and SIZES[2] records
+APPENDED_SHARDS = [5, 3]
+UNIFORM_SHARDS = [6, 8, 0, 9, 7, 4, 6, 6]
+STREAM_WINDOW = 2
+
+
+def record(index: int) -> dict[str, list[int]]:
+    """Record ``index`` of the sources concatenated: ``LENGTHS[index]`` tokens, each ``index * 1000 + t``."""
+    return {"input_ids": [index * 1000 + t for t in range(LENGTHS[index])]}
+
+
+class Shards:
+    """A stream's shards in memory: its records are ``first``, ``first + 1``, ... of the sources concatenated."""
+
+    def __init__(self, first: int, counts: list[int]) -> None:
+        self.counts = counts
+        self.offsets = np.concatenate(([first], first + np.cumsum(counts))).tolist()
+
+    def count(self, shard: str) -> int:
+        return self.counts[int(shard)]
+
+    def read(self, shard: str, start: int, stop: int) -> list[dict[str, list[int]]]:
+        return [record(self.offsets[int(shard)] + row) for row in range(start, stop)]
+
+
+def _sharded(first: int, counts: list[int], seed: int, **options: Any) -> ShardedStream:
+    shards = [str(i) for i in range(len(counts))]
+    return ShardedStream(shards, Shards(first, counts), **{"batch_size": 1, "window": STREAM_WINDOW, "seed": seed,
+                                                            **options})  # fmt: skip
+
+
+class Streamed(MapStyle):
+    """Stream sources: ``ShardedStream`` (uniform) or ``MixedStream`` (weighted: the corpora at fixed weights; the
+    mixtures, as map-style's), batched by the stream (keyed) or packed by ``PackedStream``."""
+
+    name = "stream"
+
+    def stream(self, order: str, resumed: bool, **options: Any) -> ShardedStream:
+        """The cell's stream, built without ranks unless ``options`` give them."""
+        if order == "uniform":
+            return _sharded(0, UNIFORM_SHARDS, SEED, **options)
+        corpora: list[Any] = [
+            [record(i) for i in range(SIZES[0])],
+            _sharded(SIZES[0], CORPUS_SHARDS[0], seed=1),
+            _sharded(SIZES[0] + SIZES[1], CORPUS_SHARDS[1], seed=2),
+        ]
+        weights, change = [3, 1, 2], {}
+        if order == "mixture-schedule":
+            change = {"schedule": {CHANGE: [1, 3, 1], 1: [1, 1, 1]}}
+        if order == "mixture-continue" and resumed:
+            corpora.append(_sharded(sum(SIZES), APPENDED_SHARDS, seed=3))
+            weights, change = [1, 2, 0, 3], {"on_change": "continue"}
+        options.setdefault("batch_size", 1)
+        return MixedStream(corpora, weights, num_samples=NUM_SAMPLES, seed=SEED, **change, **options)
+
+    def build(self, order: str, batching: str, *, resumed: bool, world: int, rank: int, fraction: float = 1) -> Any:
+        batch = int(PER_RANK_BATCH[batching] * fraction)
+        ranks = {"num_replicas": world, "rank": rank}
+        if batching == "fixed":
+            return self.stream(order, resumed, batch_size=batch, yield_keys=True, **ranks)
+        if batching == "token-budget":  # there is none over a stream: a stream given as lengths is refused
+            return TokenBudgetBatches(self.stream(order, resumed), int(MAX_TOKENS * fraction), seed=SEED, **ranks)
+        split = batching == "packed-split"
+        return PackedStream(self.stream(order, resumed), SEQ_LEN, split_records=split, window=WINDOW, batch_size=batch,
+                            **ranks)  # fmt: skip
+
+    def unit(self, item: Any) -> Unit:
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], tuple):  # (record, SampleKey)
+            found, key = item
+            assert found == record(key.index)  # the record read is the one its key names
+            return Unit(key.epoch, key.position, key.index, key.is_padding)
+        return super().unit(item)
+
+    def draw_tokens(
+        self, order: str, batching: str, consumed: list[Unit], after: dict[int, Any], state: Any
+    ) -> Counter[Any]:
+        if order == "mixture-continue" and batching == "fixed":
+            records = [u.content for u in consumed] + list(after.values())
+        elif order == "mixture-continue":  # packed: the saving stream's draws up to the splice, the changed one's on
+            splice = state["strategy_state"]["splice"]
+            assert splice == min((state["packing"]["window"] + 1) * WINDOW, NUM_SAMPLES)
+            saving, changed = self.stream(order, resumed=False), self.stream(order, resumed=True)
+            assert isinstance(saving, MixedStream) and isinstance(changed, MixedStream)
+            changed.load_state_dict(saving.state_at(0, splice))  # MixedStream's own continuation at the splice
+            records = saving.epoch_indices(0, np.arange(splice)).tolist()
+            records += changed.epoch_indices(0, np.arange(splice, NUM_SAMPLES)).tolist()
+        else:  # the epoch's draws, as the stream alone (no ranks) delivers them
+            records = [key.index for _, key in self.stream(order, resumed=False, yield_keys=True)]
+        return Counter((index, t) for index in records for t in range(LENGTHS[index]))
+
+
+SOURCES = {"map-style": MapStyle(), "stream": Streamed()}
 
 # The cells that are refused, with why, and the exact error (type, message) they raise where they are refused.
 _HALF_BUDGET = (
@@ -162,7 +261,12 @@ REFUSED = {
     # a token budget's per-rank batch is its max_tokens, which shapes every batch: half of it is another order
     **{("map-style", o, "token-budget", "half-batch"): _HALF_BUDGET for o in ORDERS},
 }  # fmt: skip
-CELLS = [(s, o, b) for s in SOURCES for o in ORDERS for b in BATCHINGS]
+# The batchings a source does not have, refused when they are built, with the exact error: the library has no
+# token-budget batching of a stream (TokenBudgetBatches takes lengths; a stream given for them is refused).
+UNBUILT = {
+    ("stream", "token-budget"): (TypeError, "lengths must hold integer token counts, got dict {'input_ids': ["),
+}
+CELLS = [(s, o, b) for s in SOURCES for o in ORDERS for b in BATCHINGS if (s, b) not in UNBUILT]
 SAME = [cell for cell in CELLS if (*cell, "same") not in REFUSED]
 ELASTIC = [(*cell, t) for cell in CELLS for t in TOPOLOGIES if (*cell, t) not in REFUSED]
 
@@ -203,8 +307,9 @@ def _resumed(source: Any, order: str, batching: str, state: Any, world: int, ran
 
 
 def _two_epochs(source: Any, sampler: Any, batching: str) -> Iterator[list[Unit]]:
+    epoch = sampler.epoch  # a stream taken to its pass's end is at the next epoch already
     yield from _steps(source, sampler, batching)
-    sampler.set_epoch(sampler.epoch + 1)
+    sampler.set_epoch(epoch + 1)
     yield from _steps(source, sampler, batching)
 
 
@@ -275,6 +380,13 @@ def test_the_cells_not_supported_are_refused_with_a_clear_error(source, order, b
     _, state = _saved(source, order, batching, saving_world, saving_fraction, steps=1)
     with pytest.raises(error, match=re.escape(message)):
         _resumed(source, order, batching, state, world, 0, fraction)
+
+
+@pytest.mark.parametrize(("source", "order", "batching"), [(s, o, b) for s, b in UNBUILT for o in ORDERS])
+def test_a_batching_a_source_does_not_have_is_refused_when_it_is_built(source, order, batching):
+    error, message = UNBUILT[source, batching]
+    with pytest.raises(error, match=re.escape(message)):
+        SOURCES[source].build(order, batching, resumed=False, world=SAME_WORLD, rank=0)
 
 
 @pytest.mark.slow

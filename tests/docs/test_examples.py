@@ -72,6 +72,7 @@ RUNS: dict[str, list[str]] = {
     "parquet_stream": example("parquet_stream.py"),
     "imbalanced": example("imbalanced.py", "--plot", "{dir}/composition.png"),
     "mixture": example("mixture.py", "--plot", "{dir}/mixture.png"),
+    "pretrain_mixture": [*VERIFY, "12", "--", *example("pretrain_mixture.py", "--root", "{run_dir}")],
 }  # fmt: skip
 
 
@@ -172,6 +173,16 @@ def test_mixture_is_killed_resumed_and_reports_its_source_shares(runs: Callable[
     assert "source shares of the batches trained on: A 0.5000, B 0.3000, C 0.2000\n" in out
     assert "     2   0.2000    0.2000   0.2000       2\n" in out  # 400 draws of the 200-record source: 2 passes
     assert (directory / "mixture.png").stat().st_size > 10_000
+
+
+def test_pretrain_mixture_is_verified_equal_after_a_sigkill_mid_epoch(runs: Callable[[str], tuple[str, Path]]) -> None:
+    """Mixed corpora (two map-style, one parquet stream), packed rows: killed after step 12, the run resumes from step
+    10, where it changes its mixture by hand (on_change="continue", a corpus appended), then crosses the schedule's
+    change at 80%, with the uninterrupted run's rows and weights."""
+    out, _ = runs("pretrain_mixture")
+    assert "killed after step 12; resumed from the checkpoint at step 10\n" in out
+    assert "batches compared: 37 (37 steps x 1 rank(s)), identical to the uninterrupted run's: 37\n" in out
+    assert "EQUAL: the killed and resumed run trained on exactly the batches" in out
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

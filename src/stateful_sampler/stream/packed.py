@@ -1,7 +1,7 @@
-"""``PackedStream``: a sharded stream's records packed into rows of ``seq_len`` tokens, exactly resumable and elastic.
+"""``PackedStream``: a stream's records packed into rows of ``seq_len`` tokens, exactly resumable and elastic.
 
-Composed of the pieces that already are: the stream's epoch order becomes a ``Strategy``
-(``order.stream_order.StreamOrder``), ``PackedRows`` packs that strategy's passes (split and cut, or whole
+Composed of the pieces that already are: the stream's epoch order (a ``ShardedStream``'s, or a
+``MixedStream``'s draws, ``MixedStream.epoch_indices``) becomes a ``Strategy`` (``order.stream_order.StreamOrder``), ``PackedRows`` packs that strategy's passes (split and cut, or whole
 records best-fit inside windows of the order), and ``PackedDataset`` turns each row plan into
 ``input_ids`` / ``labels`` / ``position_ids`` and, collated, ``cu_seqlens``. So rows are what the sampler deals to
 ranks (equal steps, marked padding rows), a resume is the row sampler's O(window) anchor, and a resume at
@@ -14,13 +14,15 @@ a window's shards kept.
 What a ``PackedStream`` uses of its source stream is small and public: ``shards``, ``counts``, ``reader``
 (``read(shard, start, stop)``, and ``lengths(shard, column)`` when it has one), ``order`` (its epoch order:
 ``size`` and ``epoch(e).records(positions)``), ``seed``, ``given_ranks``, ``transform``, and ``set_epoch`` /
-``state_dict`` / ``load_state_dict`` for the source's identity, which a saved state carries and a resume checks.
+``state_at`` / ``load_state_dict`` for the source's identity, which a saved state carries and a resume checks.
+Of a ``MixedStream``: ``sources`` (each read as above, or a map-style dataset indexed directly), ``offsets``,
+``epoch_size``, ``epoch_indices(epoch, positions)`` and the same identity calls; a planned ``schedule`` change,
+at an epoch or at ``(epoch, position)``, is part of its draws, so it is packed exactly like any other draw.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
 import os
@@ -33,15 +35,18 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 from stateful_sampler.errors import IncompatibleStateError
+from stateful_sampler.order.mixture import Mixture
+from stateful_sampler.order.strategy import SavedOrder
 from stateful_sampler.order.stream_order import StreamOrder
 from stateful_sampler.packing.base import DEFAULT_WINDOW
 from stateful_sampler.packing.dataset import PackedDataset
 from stateful_sampler.packing.rows import PackedRows
 from stateful_sampler.stream.dataset import ShardedStream
+from stateful_sampler.stream.mixed import MixedStream
 from stateful_sampler.stream.readers import ShardReader
-from stateful_sampler.stream.state import StreamState
 
 PACKED_STREAM_VERSION = 1
+_DRAWS_FIELDS = {"mixture", "slot"}
 _SOURCE_FIELDS = {"version", "source"}
 
 
@@ -69,16 +74,12 @@ def record_lengths(stream: ShardedStream, tokens: str, cache: str | os.PathLike[
         elif read_lengths is not None:
             lengths = np.asarray(read_lengths(shard, tokens), dtype=np.int64).reshape(-1)
         else:
-            lengths = np.array([len(tokens_of(record, tokens, shard)) for record in reader.read(shard, 0, count)])
+            records = reader.read(shard, 0, count)
+            lengths = np.array([len(tokens_of(record, tokens, f"shard {shard!r}")) for record in records])
         if len(lengths) != count:
             raise ValueError(f"shard {shard!r} has {count} records, but {len(lengths)} lengths of {tokens!r} were read")
         lengths = lengths.astype(np.int64, copy=False)
-        if count and int(lengths.min()) < 1:
-            row = int(lengths.argmin())
-            raise ValueError(
-                f"record {row} of shard {shard!r} has {int(lengths[row])} tokens in {tokens!r}: a packed record needs "
-                f"at least 1 token, leave empty records out of the shards"
-            )
+        _refuse_empty(lengths, f"shard {shard!r}", tokens)
         if kept is not None and not kept.exists():
             partial = kept.with_suffix(f".{os.getpid()}.tmp.npy")
             np.save(partial, lengths)
@@ -87,12 +88,38 @@ def record_lengths(stream: ShardedStream, tokens: str, cache: str | os.PathLike[
     return np.concatenate(parts)
 
 
-def tokens_of(record: Any, tokens: str, shard: str) -> Any:
-    """The token sequence of one record: its ``tokens`` field (a record that is no mapping is its tokens)."""
+def mixed_lengths(stream: MixedStream, tokens: str, cache: str | os.PathLike[str] | None = None) -> np.ndarray:
+    """Every record's token count, the mixture's sources concatenated: a stream source's from
+    ``record_lengths`` (``cache`` included), a map-style source's from each record's ``tokens``, read once (its
+    content has no identity to name a kept file by, so ``cache`` does not hold it)."""
+    parts = []
+    for index, source in enumerate(stream.sources):
+        if isinstance(source, ShardedStream):
+            parts.append(record_lengths(source, tokens, cache))
+            continue
+        where = f"streams[{index}]"
+        lengths = np.array([len(tokens_of(source[row], tokens, where)) for row in range(len(source))], dtype=np.int64)
+        _refuse_empty(lengths, where, tokens)
+        parts.append(lengths)
+    return np.concatenate(parts)
+
+
+def _refuse_empty(lengths: np.ndarray, where: str, tokens: str) -> None:
+    if len(lengths) and int(lengths.min()) < 1:
+        row = int(lengths.argmin())
+        raise ValueError(
+            f"record {row} of {where} has {int(lengths[row])} tokens in {tokens!r}: a packed record needs at least "
+            f"1 token, leave empty records out of the shards"
+        )
+
+
+def tokens_of(record: Any, tokens: str, where: str) -> Any:
+    """The token sequence of one record: its ``tokens`` field (a record that is no mapping is its tokens);
+    ``where`` names the record's home in an error (``"shard '3'"``, ``"streams[1]"``)."""
     if not isinstance(record, Mapping):
         return record
     if tokens not in record:
-        raise KeyError(f"tokens={tokens!r}: a record of shard {shard!r} has no such field (it has {sorted(record)})")
+        raise KeyError(f"tokens={tokens!r}: a record of {where} has no such field (it has {sorted(record)})")
     return record[tokens]
 
 
@@ -129,23 +156,110 @@ class StreamRecords(Dataset):
             self._held.move_to_end(shard)
             return held
         name = self.shards[shard]
-        held = [tokens_of(record, self.tokens, name) for record in self.reader.read(name, 0, self.counts[shard])]
+        records = self.reader.read(name, 0, self.counts[shard])
+        held = [tokens_of(record, self.tokens, f"shard {name!r}") for record in records]
         self._held[shard] = held
         if len(self._held) > self.kept:
             self._held.popitem(last=False)
         return held
 
 
+class MapRecords(Dataset):
+    """A map-style source's records as token sequences (its ``tokens`` field), ``where`` naming it in an error."""
+
+    def __init__(self, dataset: Any, tokens: str, where: str) -> None:
+        self.dataset = dataset
+        self.tokens = tokens
+        self.where = where
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return tokens_of(self.dataset[index], self.tokens, self.where)
+
+
+class SourceRecords(Dataset):
+    """The records of several sources by their index in the sources concatenated (a mixed stream's keys),
+    each source read by its own reader (``StreamRecords``, ``MapRecords``): the source-agnostic reader of rows."""
+
+    def __init__(self, parts: Sequence[Any]) -> None:
+        self.parts = list(parts)
+        self.offsets = np.concatenate(([0], np.cumsum([len(part) for part in self.parts])))
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, index: int) -> Any:
+        part = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return self.parts[part][index - int(self.offsets[part])]
+
+
+class MixedDraws:
+    """A ``MixedStream``'s draws as an ``order.stream_order.ChangingOrder``: epoch e's records by position, and
+    the mixture's slot and continuation (``Mixture.state_at`` / ``resume_from``), so that packed rows over a
+    ``MixedStream(on_change="continue")`` splice another mixture in at a resume as over a ``Mixture``."""
+
+    def __init__(self, stream: MixedStream) -> None:
+        self.stream = stream
+
+    def epoch(self, epoch: int) -> MixedEpoch:
+        return MixedEpoch(self.stream, epoch)
+
+    def identity(self) -> str:
+        return self.stream.mixture.fingerprint()
+
+    def state_at(self, epoch: int, position: int, kept_from: int | None) -> dict[str, Any]:
+        mixture = self.stream.mixture
+        return {"mixture": mixture.fingerprint(), "slot": mixture.state_at(epoch, position, kept_from=kept_from)}
+
+    def resume_from(self, saved: SavedOrder) -> MixedDraws | None:
+        """These draws under the mixture that continues the saved one (a copy of the stream holding it), None
+        when the saved mixture is this one; another mixture is refused naming ``mixture`` unless the stream was
+        built with ``on_change="continue"``."""
+        slot = saved.state
+        if not isinstance(slot, Mapping) or set(slot) != _DRAWS_FIELDS or not isinstance(slot["mixture"], str):
+            raise IncompatibleStateError(
+                "strategy_state.drawn", slot, f"a dict with {sorted(_DRAWS_FIELDS)}", "not a mixed stream's draws"
+            )
+        mixture = self.stream.mixture
+        at = SavedOrder(saved.size, Mixture.name, slot["mixture"], slot["slot"], saved.pass_index, saved.offset)
+        resumed = mixture.resume_from(at)
+        if resumed is None:
+            raise IncompatibleStateError("mixture", slot["mixture"], mixture.fingerprint(), mixture.mismatch_hint())
+        if resumed is mixture:
+            return None
+        stream = copy.copy(self.stream)
+        stream.mixture = resumed  # as MixedStream.load_state_dict continues: the draws are the mixture's
+        return MixedDraws(stream)
+
+
+class MixedEpoch:
+    def __init__(self, stream: MixedStream, epoch: int) -> None:
+        self.stream = stream
+        self.epoch = epoch
+
+    def records(self, positions: np.ndarray) -> np.ndarray:
+        return self.stream.epoch_indices(self.epoch, positions)
+
+
 class PackedStream(PackedRows):
-    """Rows of ``seq_len`` tokens of a ``ShardedStream``'s records, in the stream's epoch order; this rank's share.
+    """Rows of ``seq_len`` tokens of a stream's records (a ``ShardedStream`` or a ``MixedStream``), in the stream's
+    epoch order; this rank's share.
 
     A ``PackedRows`` sampler over the stream's order (so everything it does holds: ranks, tails, elastic resume,
     ``state_dict(consumed_batches=k)``, ``ResumableLoader``, ``SamplerCheckpoint``), with the dataset that builds
     its rows from the stream's shards (``packed_dataset``, a ``PackedDataset``) and the loader over both (``loader()``).
 
+    Over a ``MixedStream``, epoch e packs the mixture's epoch e: its ``num_samples`` draws in order (a record
+    drawn twice is packed twice), with the weights in force at each position (a ``schedule`` key ``(e, position)``
+    changes them inside an epoch, and inside a window of rows, exactly).
+
     Args:
         stream: a ``ShardedStream`` built without ``num_replicas`` and ``rank`` (rows are dealt to ranks here)
-            and without a ``transform`` (rows are built from the records' tokens). Its seed is the rows' seed.
+            and without a ``transform`` (rows are built from the records' tokens), or a ``MixedStream`` built
+            so, whose sources are too (map-style sources give each record, or its ``tokens`` field). Its seed
+            is the rows' seed; its own batching and tail are unused.
         seq_len: tokens per row.
         tokens: the record field holding each record's token ids (a list column, for parquet).
         split_records: ``True``: the epoch's records concatenated and cut every ``seq_len`` tokens; ``False``:
@@ -158,7 +272,8 @@ class PackedStream(PackedRows):
             padding rows (labels all ``-100``, ``is_padding`` set).
         attention, pad_id: as ``PackedDataset``.
         lengths_cache: a folder where each shard's lengths are kept once read (see ``record_lengths``): a
-            restarted run plans its rows without reading the shards' token columns again.
+            restarted run plans its rows without reading the shards' token columns again (a mixed stream's
+            map-style sources are measured again: see ``mixed_lengths``).
 
     Example:
         >>> packed = PackedStream(stream, seq_len=256, batch_size=8)              # doctest: +SKIP
@@ -185,25 +300,34 @@ class PackedStream(PackedRows):
         lengths_cache: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(stream, ShardedStream):
-            raise TypeError(f"stream must be a ShardedStream, got {type(stream).__name__}")
+            raise TypeError(f"stream must be a ShardedStream or a MixedStream, got {type(stream).__name__}")
+        kind = type(stream).__name__
         if stream.given_ranks != (None, None):
             raise ValueError(
-                "stream: a PackedStream deals its rows to the ranks, so its source stream must be built without "
-                "num_replicas and rank: build the ShardedStream without them and pass them to PackedStream"
-            )
-        if stream.transform is not None:
-            raise ValueError(
-                f"stream: its transform {stream.transform!r} would not be applied (rows are built from the records' "
-                f"{tokens!r}): build the ShardedStream without a transform"
+                f"stream: a PackedStream deals its rows to the ranks, so its source stream must be built without "
+                f"num_replicas and rank: build the {kind} without them and pass them to PackedStream"
             )
         if not isinstance(tokens, str):
             raise TypeError(f"tokens must be the name of the records' token field, got {type(tokens).__name__}")
+        _refuse_transform("stream", stream, tokens)
         self.stream = stream
         self.tokens = tokens
-        self.source = _source_identity(stream)
-        order = StreamOrder(stream.order, source=json.dumps(self.source, sort_keys=True))
+        self.source = stream.state_at(0, 0)  # the source's identity, whatever its own cursor is
+        source = json.dumps(self.source, sort_keys=True)
+        if isinstance(stream, MixedStream):
+            for index, part in enumerate(stream.sources):
+                _refuse_transform(f"streams[{index}]", part, tokens)
+            lengths = mixed_lengths(stream, tokens, lengths_cache)
+            order = StreamOrder(MixedDraws(stream), source, records=len(lengths), pass_length=stream.epoch_size)
+            records: Dataset = SourceRecords(
+                [_records_of(index, part, tokens) for index, part in enumerate(stream.sources)]
+            )
+        else:
+            lengths = record_lengths(stream, tokens, lengths_cache)
+            order = StreamOrder(stream.order, source)
+            records = _records_of(None, stream, tokens)
         super().__init__(
-            record_lengths(stream, tokens, lengths_cache),
+            lengths,
             seq_len,
             split_records=split_records,
             window=window,
@@ -215,7 +339,6 @@ class PackedStream(PackedRows):
             truncate=truncate,
             strategy=order,
         )
-        records = StreamRecords(stream.shards, stream.counts, stream.reader, tokens, kept=stream.window + 1)
         self.packed_dataset = PackedDataset(records, self, attention=attention, pad_id=pad_id)
 
     def loader(self, **kwargs: Any) -> DataLoader:
@@ -247,7 +370,7 @@ class PackedStream(PackedRows):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a saved state in O(window); another source stream (a shard changed, added or removed, another
-        seed or window) is refused by the stream itself, naming the shard."""
+        seed or window; a mixed stream's source or mixture changed) is refused by the stream itself, naming it."""
         if not isinstance(state, Mapping):
             raise IncompatibleStateError("state", type(state).__name__, "a dict from PackedStream.state_dict()")
         state = dict(state)
@@ -258,10 +381,31 @@ class PackedStream(PackedRows):
             )
         if saved["version"] != PACKED_STREAM_VERSION:
             raise IncompatibleStateError("stream.version", saved["version"], PACKED_STREAM_VERSION)
-        copy.copy(self.stream).load_state_dict(dict(saved["source"]))  # refuses another stream, naming the field
+        source = saved["source"]
+        kind = type(self.stream).__name__
+        if not isinstance(source, Mapping):
+            raise IncompatibleStateError("stream.source", source, f"a dict from {kind}.state_dict()")
+        saved_kind = MixedStream.__name__ if "mixture" in source else ShardedStream.__name__
+        if saved_kind != kind:
+            raise IncompatibleStateError(
+                "stream.source", f"a {saved_kind}'s state", f"a {kind}'s", f"the state packs a {saved_kind}"
+            )
+        copy.copy(self.stream).load_state_dict(dict(source))  # refuses another stream, naming the field
         super().load_state_dict(state)
 
 
-def _source_identity(stream: ShardedStream) -> dict[str, Any]:
-    """The source stream's state at epoch 0, position 0: its identity, whatever its own cursor is."""
-    return dataclasses.replace(StreamState.from_dict(stream.state_dict()), epoch=0, position=0).to_dict()
+def _records_of(index: int | None, source: Any, tokens: str) -> Dataset:
+    """One source's token sequences by record index: a stream's shards read a window's at a time, or a map-style
+    dataset's records (``index``: the source's place in a mixed stream)."""
+    if isinstance(source, ShardedStream):
+        return StreamRecords(source.shards, source.counts, source.reader, tokens, kept=source.window + 1)
+    return MapRecords(source, tokens, f"streams[{index}]")
+
+
+def _refuse_transform(name: str, source: Any, tokens: str) -> None:
+    transform = getattr(source, "transform", None) if isinstance(source, ShardedStream) else None
+    if transform is not None:
+        raise ValueError(
+            f"{name}: its transform {transform!r} would not be applied (rows are built from the records' "
+            f"{tokens!r}): build the {type(source).__name__} without a transform"
+        )
