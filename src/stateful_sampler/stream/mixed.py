@@ -168,10 +168,12 @@ class MixedStream(ShardedStream):
         for begin in range(start, stop, CHUNK_RECORDS):
             yield from reading.records(epoch, np.arange(begin, min(begin + CHUNK_RECORDS, stop), dtype=np.int64))[0]
 
-    def epoch_indices(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+    def epoch_indices(self, epoch: int, positions: np.ndarray, orders: dict[Any, Any] | None = None) -> np.ndarray:
         """The index (in the sources concatenated, as a key's) of the record at each position of ``epoch``,
         for every rank together, reading no data: the order that a sampler built over this stream's records
-        draws (``PackedStream`` packs it), the same records ``epoch_records`` reads there."""
+        draws (``PackedStream`` packs it), the same records ``epoch_records`` reads there. ``orders``: a dict
+        the caller keeps between calls, holding each source-epoch's order so that its set-up is paid once."""
+        orders = {} if orders is None else orders
         positions = np.asarray(positions, dtype=np.int64)
         sources, draws = self.mixture.locate(epoch, positions)
         source_epochs, inside = np.divmod(draws, self.mixture.sizes[sources])
@@ -180,12 +182,15 @@ class MixedStream(ShardedStream):
             stream = self.sources[source]
             for source_epoch in np.unique(source_epochs[sources == source]).tolist():
                 at = np.flatnonzero((sources == source) & (source_epochs == source_epoch))
-                if isinstance(stream, ShardedStream):
-                    index = stream.order.epoch(source_epoch).records(inside[at])
-                else:
-                    seed = derive_seed(Domain.PERMUTATION, self.seed, _TAG, source)
-                    index = FeistelPermutation(len(stream), seed, source_epoch)(inside[at])
-                indices[at] = self.offsets[source] + index
+                order = orders.get((source, source_epoch))
+                if order is None:
+                    if isinstance(stream, ShardedStream):
+                        order = stream.order.epoch(source_epoch).records
+                    else:
+                        seed = derive_seed(Domain.PERMUTATION, self.seed, _TAG, source)
+                        order = FeistelPermutation(len(stream), seed, source_epoch)
+                    orders[(source, source_epoch)] = order
+                indices[at] = self.offsets[source] + order(inside[at])
         return indices
 
     # -- state

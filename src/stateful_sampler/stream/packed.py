@@ -235,12 +235,15 @@ class MixedDraws:
 
 
 class MixedEpoch:
+    """One epoch of a ``MixedStream``'s draws, holding its sources' orders between blocks of positions."""
+
     def __init__(self, stream: MixedStream, epoch: int) -> None:
         self.stream = stream
         self.epoch = epoch
+        self.orders: dict[Any, Any] = {}
 
     def records(self, positions: np.ndarray) -> np.ndarray:
-        return self.stream.epoch_indices(self.epoch, positions)
+        return self.stream.epoch_indices(self.epoch, positions, self.orders)
 
 
 class PackedStream(PackedRows):
