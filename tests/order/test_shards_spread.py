@@ -86,3 +86,24 @@ def test_locating_a_few_positions_equals_locating_the_epoch() -> None:
 def test_a_spread_below_1_is_refused() -> None:
     with pytest.raises(ValueError, match=r"spread must be at least 1 piece per shard, got 0"):
         ShardedShuffle([3], 1, 0, spread=0)
+
+
+@settings(max_examples=60)
+@given(counts=counts_lists, window=st.integers(1, 4), spread=st.integers(1, 5), seed=st.integers(0, 2**63 - 1),
+       epoch=st.integers(0, 100))  # fmt: skip
+def test_piece_bounds_are_exactly_the_rows_a_window_takes_of_each_shard(
+    counts: list[int], window: int, spread: int, seed: int, epoch: int
+) -> None:
+    shuffle = ShardedShuffle(counts, window, seed, spread)
+    order = shuffle.epoch(epoch)
+    positions = np.arange(sum(counts))
+    shards, rows = order.locate(positions)
+    starts, stops = shuffle.piece_bounds(shards, rows)
+    windows = order.window_of(positions)
+    for w in np.unique(windows).tolist():
+        inside = windows == w
+        for shard in np.unique(shards[inside]).tolist():
+            mine = inside & (shards == shard)
+            taken = np.sort(rows[mine])
+            assert set(starts[mine].tolist()) == {int(taken[0])} and set(stops[mine].tolist()) == {int(taken[-1]) + 1}
+            assert len(taken) == taken[-1] + 1 - taken[0]  # the piece is every row the window takes of the shard

@@ -70,6 +70,19 @@ class ShardedShuffle:
         """Shards whose pieces make up ``spread`` consecutive windows."""
         return self.window * self.spread
 
+    def piece_bounds(self, shards: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[start, stop) of the piece of shard ``shards[i]`` that holds its row ``rows[i]``: the rows of that shard
+        one window takes (the whole shard at ``spread = 1``), in every epoch. A reader that serves a window's
+        positions slowly (``MixedStream``'s sources) reads these, not whole shards.
+
+        Example:
+            >>> ShardedShuffle([10, 4], 1, 0, spread=3).piece_bounds(np.array([0, 0, 1]), np.array([0, 5, 3]))
+            (array([0, 3, 2]), array([3, 6, 4]))
+        """
+        counts = self.counts[shards]
+        piece = ((np.asarray(rows, dtype=np.int64) + 1) * self.spread - 1) // counts
+        return piece * counts // self.spread, (piece + 1) * counts // self.spread
+
     def epoch(self, epoch: int) -> EpochWindows:
         """The epoch's shard order and windows, O(S * spread)."""
         shards = len(self.counts)
