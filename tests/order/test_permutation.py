@@ -131,3 +131,20 @@ def test_a_few_positions_in_python_ints_are_the_block_s_values_bit_for_bit(
     one_by_one = [int(permutation(block[i : i + 1])[0]) for i in range(len(block))]
     assert one_by_one == through_numpy.tolist()
     assert permutation(np.array(few)).tolist() == through_numpy[: len(few)].tolist()
+
+
+@settings(max_examples=60)
+@given(
+    cases=st.lists(
+        st.tuples(st.one_of(st.integers(1, 1100), st.integers(1, 2**62 - 1)), st.integers(0, 2**63 - 1),
+                  st.integers(0, 2**40), st.floats(0, 1, exclude_max=True)),
+        min_size=1, max_size=40,
+    )
+)  # fmt: skip
+def test_permute_many_is_each_permutation_bit_for_bit(cases: list[tuple[int, int, int, float]]) -> None:
+    from stateful_sampler.order.permutation import permute_many
+
+    sizes, seeds, passes = (np.array([case[i] for case in cases], dtype=np.int64) for i in range(3))
+    values = np.array([min(int(size * fraction), size - 1) for size, _, _, fraction in cases], dtype=np.int64)
+    expected = [int(FeistelPermutation(*case[:3])(np.array([value]))[0]) for case, value in zip(cases, values)]
+    assert permute_many(sizes, seeds, passes, values).tolist() == expected
