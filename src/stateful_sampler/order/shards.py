@@ -193,6 +193,8 @@ def locate_many(
         >>> [(s.tolist(), r.tolist()) for s, r in (a.epoch(2).locate(np.array([9, 0])), b.epoch(0).locate([4]))]
         [([1, 1], [4, 2]), ([0], [4])]
     """
+    if not shuffles:
+        return []
     groups = np.arange(len(shuffles))
     epoch = np.asarray(epochs, dtype=np.int64)
     seeds = np.array([shuffle.seed for shuffle in shuffles], dtype=np.uint64)

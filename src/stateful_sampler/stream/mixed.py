@@ -34,7 +34,7 @@ from stateful_sampler.order.mixing import Domain, derive_seed
 from stateful_sampler.order.mixture import Mixture
 from stateful_sampler.order.permutation import FeistelPermutation
 from stateful_sampler.order.policies import Tail
-from stateful_sampler.order.shards import EpochWindows
+from stateful_sampler.order.shards import EpochWindows, locate_many
 from stateful_sampler.order.strategy import SavedOrder
 from stateful_sampler.stream.dataset import ShardedStream
 from stateful_sampler.stream.gather import CHUNK_RECORDS, Spans
@@ -263,18 +263,26 @@ class _Reading:
         order = np.lexsort((source_epochs, sources))  # the positions of each (source, source-epoch) together
         keys = np.stack((sources[order], source_epochs[order]))
         cuts = np.flatnonzero(np.any(keys[:, 1:] != keys[:, :-1], axis=0)) + 1
-        for at in np.split(order, cuts.tolist()):
-            source, source_epoch = int(sources[at[0]]), int(source_epochs[at[0]])
-            found, index = self._source_records(source, source_epoch, inside[at], alone)
+        runs = [(int(sources[at[0]]), int(source_epochs[at[0]]), at) for at in np.split(order, cuts.tolist())]
+        located: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if alone:  # every stream source that reads rows located at once: a source's epoch set up alone costs more
+            wanted = [i for i, (source, _, _) in enumerate(runs) if _reads_rows(stream.sources[source])]
+            orders = [stream.sources[runs[i][0]].order for i in wanted]
+            located = dict(
+                zip(wanted, locate_many(orders, [runs[i][1] for i in wanted], [inside[runs[i][2]] for i in wanted]))
+            )
+        for i, (source, source_epoch, at) in enumerate(runs):
+            found, index = self._source_records(source, source_epoch, inside[at], located.get(i))
             indices[at] = stream.offsets[source] + index
             for slot, record in zip(at.tolist(), found):
                 out[slot] = record
         return out, indices
 
     def _source_records(
-        self, source: int, source_epoch: int, inside: np.ndarray, alone: bool
+        self, source: int, source_epoch: int, inside: np.ndarray, located: tuple[np.ndarray, np.ndarray] | None
     ) -> tuple[list[Any], np.ndarray]:
-        """Records at positions of a source's source-epoch, and their indices in that source."""
+        """Records at positions of a source's source-epoch, and their indices in that source: read on their own when
+        ``located`` gives their (shard, row), else from their window's pieces."""
         stream = self.stream.sources[source]
         if not isinstance(stream, ShardedStream):
             key = (source, source_epoch)
@@ -284,12 +292,13 @@ class _Reading:
                 permutation = self.permutations[key] = FeistelPermutation(len(stream), seed, source_epoch)
             index = permutation(inside)
             return [stream[i] for i in index.tolist()], index
-        windows = self._epoch_windows(source, source_epoch)
-        shards, rows = windows.locate(inside)
         records: list[Any]
-        if alone and stream.gather.reads_rows:
+        if located is not None:
+            shards, rows = located
             records = stream.gather.records_at_rows(shards, rows)
         else:
+            windows = self._epoch_windows(source, source_epoch)
+            shards, rows = windows.locate(inside)
             window_of = windows.window_of(inside)
             records = [None] * len(inside)
             for window in np.unique(window_of).tolist():
@@ -350,6 +359,10 @@ def _checked_source(index: int, source: Any) -> Any:
             f"{type(source).__name__}"
         )
     return source
+
+
+def _reads_rows(source: Any) -> bool:
+    return isinstance(source, ShardedStream) and source.gather.reads_rows
 
 
 def _size_of(source: Any) -> int:
