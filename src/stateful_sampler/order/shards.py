@@ -136,7 +136,7 @@ class EpochWindows:
         windows = self.window_of(positions)
         shards = np.empty_like(positions)
         rows = np.empty_like(positions)
-        for window in np.unique(windows).tolist():
+        for window in distinct(windows).tolist():
             inside = windows == window
             placed = self._permutation(window)(positions[inside] - int(self.window_starts[window]))
             piece_starts, piece_shards, piece_rows = self._layout(window)
@@ -244,6 +244,20 @@ def locate_many(
     rows = first[taken] + placed - piece_starts[pieces]
     cuts = np.cumsum(lengths)[:-1].tolist()
     return list(zip(np.split(shards, cuts), np.split(rows, cuts)))
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, ascending: ``np.unique`` without its first call's import of ``numpy.ma`` (0.1-0.25 s of a
+    process's first resume).
+
+    Example:
+        >>> distinct(np.array([3, 1, 3, 0])).tolist()
+        [0, 1, 3]
+    """
+    ordered = np.sort(np.asarray(values).reshape(-1))
+    if ordered.size < 2:
+        return ordered
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
 
 def _starts(sizes: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from stateful_sampler.order.shards import EpochWindows
+from stateful_sampler.order.shards import EpochWindows, distinct
 from stateful_sampler.stream.readers import ShardReader, ShardReadError, rows_reader, span_reader
 
 Spans = dict[int, tuple[int, Sequence[Any]]]  # shard -> (its first row read, the span of its rows)
@@ -57,7 +57,7 @@ class WindowGather:
         method = getattr(read, "__name__", "read")
         spans: Spans = {}
         rank = {shard: i for i, shard in enumerate(read_order)}
-        for shard in sorted(np.unique(shards).tolist(), key=lambda shard: rank.get(shard, len(rank))):
+        for shard in sorted(distinct(shards).tolist(), key=lambda shard: rank.get(shard, len(rank))):
             needed = rows[shards == shard]
             start, stop = int(needed.min()), int(needed.max()) + 1
             name = self.shards[shard]
@@ -93,7 +93,7 @@ class WindowGather:
         if read_rows is None:
             raise TypeError(f"{type(self.reader).__name__} has no read_rows(shard, rows): read its window instead")
         records: list[Any] = [None] * len(rows)
-        for shard in np.unique(shards).tolist():
+        for shard in distinct(shards).tolist():
             where = np.flatnonzero(shards == shard)
             name = self.shards[shard]
             try:
@@ -123,7 +123,7 @@ class WindowGather:
             return self._convert(span, rows - start, lambda: self._rows_of(shard, rows))
         taken: list[Any] = []  # each shard's records in turn, then put back in the chunk's order
         slots = []
-        for shard in np.unique(shards).tolist():
+        for shard in distinct(shards).tolist():
             where = np.flatnonzero(shards == shard)
             start, span = spans[shard]
             taken += self._convert(span, rows[where] - start, lambda: self._rows_of(shard, rows[where]))  # noqa: B023 - called at once

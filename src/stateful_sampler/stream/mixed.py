@@ -34,7 +34,7 @@ from stateful_sampler.order.mixing import Domain, derive_seed
 from stateful_sampler.order.mixture import Mixture
 from stateful_sampler.order.permutation import FeistelPermutation
 from stateful_sampler.order.policies import Tail
-from stateful_sampler.order.shards import EpochWindows, locate_many
+from stateful_sampler.order.shards import EpochWindows, distinct, locate_many
 from stateful_sampler.order.strategy import SavedOrder
 from stateful_sampler.stream.dataset import ShardedStream
 from stateful_sampler.stream.gather import CHUNK_RECORDS, Spans
@@ -301,7 +301,7 @@ class _Reading:
             shards, rows = windows.locate(inside)
             window_of = windows.window_of(inside)
             records = [None] * len(inside)
-            for window in np.unique(window_of).tolist():
+            for window in distinct(window_of).tolist():
                 at = np.flatnonzero(window_of == window)
                 spans = self._pieces(source, windows, window, shards[at], rows[at])
                 for slot, record in zip(at.tolist(), stream.gather.records(spans, None, shards[at], rows[at])):
@@ -331,11 +331,13 @@ class _Reading:
             spans = held[key] = {}
             while len(held) > 2:
                 del held[next(iter(held))]
-        unread, first = np.unique(shards, return_index=True)
-        missing = [i for i, shard in enumerate(unread.tolist()) if shard not in spans]
-        if missing:
-            unread, first = unread[missing], first[missing]
-            starts, stops = stream.order.piece_bounds(unread, rows[first])
+        first_of: dict[int, int] = {}  # each shard's first row here, for the shards whose piece is not read yet
+        for shard, row in zip(shards.tolist(), rows.tolist()):
+            if shard not in spans:
+                first_of.setdefault(shard, row)
+        if first_of:
+            unread = np.fromiter(first_of, dtype=np.int64, count=len(first_of))
+            starts, stops = stream.order.piece_bounds(unread, np.fromiter(first_of.values(), np.int64, len(first_of)))
             bounds = np.stack((starts, stops - 1), axis=1).reshape(-1)
             spans.update(stream.gather.read(np.repeat(unread, 2), bounds, windows.window_shards(window).tolist()))
         return spans
