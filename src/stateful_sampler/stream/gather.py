@@ -41,6 +41,7 @@ class WindowGather:
         self.reader = reader
         self.shards = shards
         self.counts = counts
+        self.read_rows = rows_reader(reader)  # looked up once: a resume over many sources asks it for each
 
     def announce(self, windows: EpochWindows, window: int) -> None:
         """Tell a reader that fetches ahead (``ShardCache``) this window's shards, in the order ``read``
@@ -84,17 +85,20 @@ class WindowGather:
     @property
     def reads_rows(self) -> bool:
         """The reader reads records at given rows without their window (``read_rows``)."""
-        return rows_reader(self.reader) is not None
+        return self.read_rows is not None
 
     def records_at_rows(self, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
         """The records at (shard, row) read on their own, each shard once (``read_rows``): a pass's first
         batch, which then waits for its own records only."""
-        read_rows = rows_reader(self.reader)
+        read_rows = self.read_rows
         if read_rows is None:
             raise TypeError(f"{type(self.reader).__name__} has no read_rows(shard, rows): read its window instead")
         records: list[Any] = [None] * len(rows)
-        for shard in distinct(shards).tolist():
-            where = np.flatnonzero(shards == shard)
+        slots_of: dict[int, list[int]] = {}  # grouped in Python: a batch's rows are few, NumPy calls cost more
+        for slot, shard in enumerate(shards.tolist()):
+            slots_of.setdefault(shard, []).append(slot)
+        for shard in sorted(slots_of):
+            where = np.array(slots_of[shard], dtype=np.int64)
             name = self.shards[shard]
             try:
                 found = read_rows(name, rows[where])

@@ -260,10 +260,10 @@ class _Reading:
         source_epochs, inside = np.divmod(draws, stream.mixture.sizes[sources])
         out: list[Any] = [None] * len(positions)
         indices = np.empty(len(positions), dtype=np.int64)
-        order = np.lexsort((source_epochs, sources))  # the positions of each (source, source-epoch) together
-        keys = np.stack((sources[order], source_epochs[order]))
-        cuts = np.flatnonzero(np.any(keys[:, 1:] != keys[:, :-1], axis=0)) + 1
-        runs = [(int(sources[at[0]]), int(source_epochs[at[0]]), at) for at in np.split(order, cuts.tolist())]
+        slots_of: dict[tuple[int, int], list[int]] = {}  # the positions of each (source, source-epoch) together
+        for slot, key in enumerate(zip(sources.tolist(), source_epochs.tolist())):
+            slots_of.setdefault(key, []).append(slot)
+        runs = [(source, source_epoch, np.array(at, dtype=np.int64)) for (source, source_epoch), at in slots_of.items()]
         located: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         if alone:  # every stream source that reads rows located at once: a source's epoch set up alone costs more
             wanted = [i for i, (source, _, _) in enumerate(runs) if _reads_rows(stream.sources[source])]
