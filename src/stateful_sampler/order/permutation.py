@@ -128,14 +128,20 @@ def permute_many(sizes: np.ndarray, seeds: np.ndarray, pass_indices: np.ndarray,
     bounds = sizes.astype(np.uint64)
     small = sizes <= _SMALL_DOMAIN
     for rounds, at in ((rounds_for(0), np.flatnonzero(small)), (rounds_for(MAX_SIZE - 1), np.flatnonzero(~small))):
+        if not at.size:
+            continue
+        # Round r's key of each value, extend_seed(prefix, r), all in one call: row i holds value at[i]'s keys.
+        words = prefixes[at, None] ^ np.arange(rounds, dtype=np.uint64)[None, :]
+        keys = mix64_array(words, 0, words)
         while at.size:
-            keys = [mix64_array(prefixes[at], index, np.empty(at.size, dtype=np.uint64)) for index in range(rounds)]
-            left = result[at] // n[at]
-            right = result[at] - left * n[at]
-            left, right = feistel_rounds(left, right, m[at], n[at], keys)  # an even count: moduli back to (m, n)
-            walked = left * n[at] + right
+            moduli_left, moduli_right = m[at], n[at]
+            left = result[at] // moduli_right
+            right = result[at] - left * moduli_right
+            left, right = feistel_rounds(left, right, moduli_left, moduli_right, keys.T)  # even: moduli back
+            walked = left * moduli_right + right
             result[at] = walked
-            at = at[walked >= bounds[at]]  # cycle walking onto [0, size)
+            outside = walked >= bounds[at]  # cycle walking onto [0, size)
+            at, keys = at[outside], keys[outside]
     return result.view(np.int64)
 
 
