@@ -7,6 +7,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 from torch.utils.data import DataLoader
 
@@ -112,3 +114,37 @@ def test_batch_mates_cover_everyone_with_workers() -> None:
             for record in batch.tolist():
                 mates[record].update(set(batch.tolist()) - {record})
     assert {record: len(others) for record, others in mates.items()} == {i: 9 for i in range(10)}
+
+
+@settings(max_examples=100)
+@given(size=st.integers(1, 2**62 - 1), seed=st.integers(0, 2**63 - 1), pass_index=st.integers(0, 2**40),
+       data=st.data())  # fmt: skip
+def test_a_few_positions_in_python_ints_are_the_block_s_values_bit_for_bit(
+    size: int, seed: int, pass_index: int, data: st.DataObject
+) -> None:
+    """A block of a few positions (Python ints) gives what the NumPy rounds give inside a large block."""
+    permutation = FeistelPermutation(size, seed, pass_index)
+    few = data.draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=8))
+    near_the_top = np.arange(max(0, size - 300), size)  # cycle walking happens up here
+    block = np.concatenate((np.array(few, dtype=np.int64), near_the_top, np.zeros(200, dtype=np.int64)))
+    through_numpy = permutation(block)  # 200+ positions: the NumPy rounds
+    one_by_one = [int(permutation(block[i : i + 1])[0]) for i in range(len(block))]
+    assert one_by_one == through_numpy.tolist()
+    assert permutation(np.array(few)).tolist() == through_numpy[: len(few)].tolist()
+
+
+@settings(max_examples=60)
+@given(
+    cases=st.lists(
+        st.tuples(st.one_of(st.integers(1, 1100), st.integers(1, 2**62 - 1)), st.integers(0, 2**63 - 1),
+                  st.integers(0, 2**40), st.floats(0, 1, exclude_max=True)),
+        min_size=1, max_size=40,
+    )
+)  # fmt: skip
+def test_permute_many_is_each_permutation_bit_for_bit(cases: list[tuple[int, int, int, float]]) -> None:
+    from stateful_sampler.order.permutation import permute_many
+
+    sizes, seeds, passes = (np.array([case[i] for case in cases], dtype=np.int64) for i in range(3))
+    values = np.array([min(int(size * fraction), size - 1) for size, _, _, fraction in cases], dtype=np.int64)
+    expected = [int(FeistelPermutation(*case[:3])(np.array([value]))[0]) for case, value in zip(cases, values)]
+    assert permute_many(sizes, seeds, passes, values).tolist() == expected

@@ -3,6 +3,8 @@ about k shards' records drawn from one piece of each of k * spread shards. Pure 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -86,3 +88,42 @@ def test_locating_a_few_positions_equals_locating_the_epoch() -> None:
 def test_a_spread_below_1_is_refused() -> None:
     with pytest.raises(ValueError, match=r"spread must be at least 1 piece per shard, got 0"):
         ShardedShuffle([3], 1, 0, spread=0)
+
+
+@settings(max_examples=60)
+@given(counts=counts_lists, window=st.integers(1, 4), spread=st.integers(1, 5), seed=st.integers(0, 2**63 - 1),
+       epoch=st.integers(0, 100))  # fmt: skip
+def test_piece_bounds_are_exactly_the_rows_a_window_takes_of_each_shard(
+    counts: list[int], window: int, spread: int, seed: int, epoch: int
+) -> None:
+    shuffle = ShardedShuffle(counts, window, seed, spread)
+    order = shuffle.epoch(epoch)
+    positions = np.arange(sum(counts))
+    shards, rows = order.locate(positions)
+    starts, stops = shuffle.piece_bounds(shards, rows)
+    windows = order.window_of(positions)
+    for w in np.unique(windows).tolist():
+        inside = windows == w
+        for shard in np.unique(shards[inside]).tolist():
+            mine = inside & (shards == shard)
+            taken = np.sort(rows[mine])
+            assert set(starts[mine].tolist()) == {int(taken[0])} and set(stops[mine].tolist()) == {int(taken[-1]) + 1}
+            assert len(taken) == taken[-1] + 1 - taken[0]  # the piece is every row the window takes of the shard
+
+
+orders = st.tuples(counts_lists, st.integers(1, 4), st.integers(1, 5), st.integers(0, 2**63 - 1), st.integers(0, 10**6))
+
+
+@settings(max_examples=80)
+@given(cases=st.lists(st.tuples(orders, st.data()), min_size=1, max_size=6))
+def test_locate_many_is_each_epoch_s_locate_bit_for_bit(cases: list[tuple[Any, st.DataObject]]) -> None:
+    from stateful_sampler.order.shards import locate_many
+
+    shuffles, epochs, positions, expected = [], [], [], []
+    for (counts, window, spread, seed, epoch), data in cases:
+        shuffle = ShardedShuffle(counts, window, seed, spread)
+        picked = np.array(data.draw(st.lists(st.integers(0, shuffle.size - 1), max_size=12)), dtype=np.int64)
+        shuffles.append(shuffle), epochs.append(epoch), positions.append(picked)
+        expected.append(tuple(found.tolist() for found in shuffle.epoch(epoch).locate(picked)))
+    found = locate_many(shuffles, epochs, positions)
+    assert [(shards.tolist(), rows.tolist()) for shards, rows in found] == expected

@@ -107,19 +107,61 @@ def test_each_source_walks_its_own_order_at_the_mixture_s_counts() -> None:
     assert corpus[:MAP_SIZE] != corpus[MAP_SIZE : 2 * MAP_SIZE]
 
 
-def test_each_source_window_is_read_once_a_pass_whole() -> None:
+def pieces_drawn(stream: MixedStream, index: int, draws: int) -> list[tuple[str, int, int]]:
+    """(shard, start, stop) of each window piece that holds one of source ``index``'s first ``draws`` draws, once
+    per source-epoch and window: what one stream's reader reads for those records."""
+    found = stream.sources[index]
+    pieces = set()
+    for source_epoch in range(-(-draws // found.epoch_size)):
+        inside = np.arange(source_epoch * found.epoch_size, min(draws, (source_epoch + 1) * found.epoch_size))
+        windows = found.order.epoch(source_epoch)
+        shards, rows = windows.locate(inside - source_epoch * found.epoch_size)
+        starts, stops = found.order.piece_bounds(shards, rows)
+        pieces |= set(zip([source_epoch] * len(inside), shards.tolist(), starts.tolist(), stops.tolist()))
+    return sorted((str(shard), start, stop) for _, shard, start, stop in pieces)
+
+
+def test_each_source_piece_is_read_once_a_pass_as_one_stream_reads_it() -> None:
     stream = mixed(num_samples=120)
     list(stream)
+    drawn, _ = Mixture([MAP_SIZE, sum(COUNTS_A), sum(COUNTS_B)], [2, 1, 1], num_samples=120).locate(0, np.arange(120))
     for index in (1, 2):
         found = stream.sources[index]
         reads = found.reader.reads
-        assert all(start == 0 and stop == found.counts[int(shard)] for shard, start, stop in reads)
-        # 120 draws at weight 1/4 take 30 of the source's records: its source-epochs' windows, each once; a
-        # shard is in `spread` windows of its group (one piece each), and the mixture reads it whole for each
-        draws = 30
+        draws = int(np.sum(drawn == index))  # 30: 120 draws at weight 1/4, over its source-epochs
+        assert draws == 30
+        assert sorted(reads) == pieces_drawn(stream, index, draws)  # each piece its draws fall in, once
         epochs = -(-draws // found.epoch_size)
-        windows = sum(found.order.epoch(e).windows for e in range(epochs))
-        assert len(reads) <= sum(1 for c in found.counts if c) * epochs * found.spread and len(reads) >= windows
+        assert sum(stop - start for _, start, stop in reads) <= found.epoch_size * epochs  # no shard read whole
+        assert found.spread == 8 and all(stop - start < found.counts[int(shard)] for shard, start, stop in reads)
+
+
+class RowsTagged(Tagged):
+    """``Tagged`` that also reads records at given rows on their own (as ``ParquetReader.read_rows`` does)."""
+
+    def read_rows(self, shard: str, rows: Any) -> list[int]:
+        self.reads.append((shard, -1, len(rows)))
+        return [self.base + 100 * int(shard) + row for row in np.asarray(rows).tolist()]
+
+
+def test_a_resumed_pass_reads_its_first_batch_s_rows_alone_then_the_pieces() -> None:
+    many = [ShardedStream(["0", "1", "2"], RowsTagged(1000 * i, [20, 20, 20]), batch_size=1, window=1, seed=i)
+            for i in range(10)]  # fmt: skip
+    live = MixedStream(many, [1] * 10, batch_size=4, num_samples=300)
+    whole = list(live)
+    state = live.state_at(0, 101)
+    for found in many:
+        found.reader.reads.clear()
+    resumed = MixedStream(many, [1] * 10, batch_size=4, num_samples=300)
+    resumed.load_state_dict(state)
+    iterator = iter(resumed)
+    first = [next(iterator) for _ in range(4)]
+    assert first == whole[101:105]
+    reads = [read for found in many for read in found.reader.reads]
+    assert reads and all(start == -1 for _, start, _ in reads)  # read_rows only
+    assert sum(count for _, _, count in reads) == 4  # the first batch's 4 rows, nothing else
+    assert [next(iterator) for _ in range(8)] == whole[105:113]  # then each source's pieces
+    assert any(start >= 0 for found in many for _, start, _ in found.reader.reads)
 
 
 # -- exact resume and elastic resume

@@ -86,6 +86,20 @@ def sample_seeds(seeds: np.ndarray, epochs: np.ndarray, indices: np.ndarray) -> 
     return state
 
 
+def derive_seeds(domain: Domain, *words: np.ndarray | int) -> np.ndarray:
+    """``derive_seed`` over uint64 arrays (or ints) of words at once, broadcast: many seeds in a few NumPy calls.
+
+    Example:
+        >>> int(derive_seeds(Domain.PERMUTATION, np.array([7], dtype=np.uint64), 3)[0]) == derive_seed(Domain.PERMUTATION, 7, 3)
+        True
+    """
+    arrays = [np.asarray(word, dtype=np.uint64) for word in words]
+    state = np.full(np.broadcast(*arrays).shape, mix64(int(domain)), dtype=np.uint64)
+    for word in arrays:
+        state = mix64_array(state ^ word, 0, state)
+    return state
+
+
 def seed_word_rows(seeds: np.ndarray, start: int, stop: int) -> np.ndarray:
     """``seed_words`` for a uint64 array of seeds: row ``i`` holds ``seed_words(seeds[i], start, stop)``."""
     rows = np.arange(start // 2, stop // 2, dtype=np.uint64) ^ mix64_array(seeds, 0, np.empty_like(seeds))[:, None]

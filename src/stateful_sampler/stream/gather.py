@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from stateful_sampler.order.shards import EpochWindows
+from stateful_sampler.order.shards import EpochWindows, distinct
 from stateful_sampler.stream.readers import ShardReader, ShardReadError, rows_reader, span_reader
 
 Spans = dict[int, tuple[int, Sequence[Any]]]  # shard -> (its first row read, the span of its rows)
@@ -41,6 +41,7 @@ class WindowGather:
         self.reader = reader
         self.shards = shards
         self.counts = counts
+        self.read_rows = rows_reader(reader)  # looked up once: a resume over many sources asks it for each
 
     def announce(self, windows: EpochWindows, window: int) -> None:
         """Tell a reader that fetches ahead (``ShardCache``) this window's shards, in the order ``read``
@@ -57,7 +58,7 @@ class WindowGather:
         method = getattr(read, "__name__", "read")
         spans: Spans = {}
         rank = {shard: i for i, shard in enumerate(read_order)}
-        for shard in sorted(np.unique(shards).tolist(), key=lambda shard: rank.get(shard, len(rank))):
+        for shard in sorted(distinct(shards).tolist(), key=lambda shard: rank.get(shard, len(rank))):
             needed = rows[shards == shard]
             start, stop = int(needed.min()), int(needed.max()) + 1
             name = self.shards[shard]
@@ -84,17 +85,20 @@ class WindowGather:
     @property
     def reads_rows(self) -> bool:
         """The reader reads records at given rows without their window (``read_rows``)."""
-        return rows_reader(self.reader) is not None
+        return self.read_rows is not None
 
     def records_at_rows(self, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
         """The records at (shard, row) read on their own, each shard once (``read_rows``): a pass's first
         batch, which then waits for its own records only."""
-        read_rows = rows_reader(self.reader)
+        read_rows = self.read_rows
         if read_rows is None:
             raise TypeError(f"{type(self.reader).__name__} has no read_rows(shard, rows): read its window instead")
         records: list[Any] = [None] * len(rows)
-        for shard in np.unique(shards).tolist():
-            where = np.flatnonzero(shards == shard)
+        slots_of: dict[int, list[int]] = {}  # grouped in Python: a batch's rows are few, NumPy calls cost more
+        for slot, shard in enumerate(shards.tolist()):
+            slots_of.setdefault(shard, []).append(slot)
+        for shard in sorted(slots_of):
+            where = np.array(slots_of[shard], dtype=np.int64)
             name = self.shards[shard]
             try:
                 found = read_rows(name, rows[where])
@@ -123,7 +127,7 @@ class WindowGather:
             return self._convert(span, rows - start, lambda: self._rows_of(shard, rows))
         taken: list[Any] = []  # each shard's records in turn, then put back in the chunk's order
         slots = []
-        for shard in np.unique(shards).tolist():
+        for shard in distinct(shards).tolist():
             where = np.flatnonzero(shards == shard)
             start, span = spans[shard]
             taken += self._convert(span, rows[where] - start, lambda: self._rows_of(shard, rows[where]))  # noqa: B023 - called at once

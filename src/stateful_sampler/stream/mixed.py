@@ -34,10 +34,10 @@ from stateful_sampler.order.mixing import Domain, derive_seed
 from stateful_sampler.order.mixture import Mixture
 from stateful_sampler.order.permutation import FeistelPermutation
 from stateful_sampler.order.policies import Tail
-from stateful_sampler.order.shards import EpochWindows
+from stateful_sampler.order.shards import EpochWindows, distinct, locate_many
 from stateful_sampler.order.strategy import SavedOrder
 from stateful_sampler.stream.dataset import ShardedStream
-from stateful_sampler.stream.gather import CHUNK_RECORDS, Joined, Spans, join_spans
+from stateful_sampler.stream.gather import CHUNK_RECORDS, Spans
 from stateful_sampler.stream.layout import StreamLayout
 
 MIXED_STATE_VERSION = 1
@@ -137,15 +137,19 @@ class MixedStream(ShardedStream):
         rank, batch = self.rank, self.batch_size
         reading = _Reading(self)
         begin, step = 0, batch * workers
+        alone = True  # the first batch: its sources stand mid-way in their orders at any pass but the very first
         while begin < layout.local_length:
             end = min(begin + step, layout.local_length)
             local = layout.worker_locals(worker, workers, batch, begin, end)
             begin, step = end, min(2 * step, max(batch, CHUNK_RECORDS) * workers)
             if local.size:
-                yield self._delivered(epoch, layout, layout.slots(rank, local), reading)
+                yield self._delivered(epoch, layout, layout.slots(rank, local), reading, alone)
+                alone = False
 
-    def _delivered(self, epoch: int, layout: StreamLayout, slots: np.ndarray, reading: _Reading) -> list[Any]:
-        records, indices = reading.records(epoch, layout.positions(slots))
+    def _delivered(
+        self, epoch: int, layout: StreamLayout, slots: np.ndarray, reading: _Reading, alone: bool
+    ) -> list[Any]:
+        records, indices = reading.records(epoch, layout.positions(slots), alone)
         transform = self.transform
         takes_key = getattr(transform, "takes_key", False)
         if not (self.yield_keys or takes_key):
@@ -264,32 +268,46 @@ class MixedStream(ShardedStream):
 
 
 class _Reading:
-    """One pass's reads: each source's current window (and the one before), and its source-epoch's order."""
+    """One pass's reads: each source's pieces of its current window (and of the window before), and its
+    source-epoch's order."""
 
     def __init__(self, stream: MixedStream) -> None:
         self.stream = stream
         self.windows: dict[tuple[int, int], EpochWindows] = {}  # (source, source-epoch) -> its windows
-        self.spans: dict[int, dict[tuple[int, int], tuple[Spans, Joined | None]]] = {}  # source -> read windows
+        self.pieces: dict[int, dict[tuple[int, int], Spans]] = {}  # source -> (source-epoch, window) -> pieces read
         self.permutations: dict[tuple[int, int], FeistelPermutation] = {}
 
-    def records(self, epoch: int, positions: np.ndarray) -> tuple[list[Any], np.ndarray]:
-        """The records at epoch positions, with their indices in the sources concatenated."""
+    def records(self, epoch: int, positions: np.ndarray, alone: bool = False) -> tuple[list[Any], np.ndarray]:
+        """The records at epoch positions, with their indices in the sources concatenated; ``alone``: read on their
+        own where a source's reader reads rows (a pass's first batch), not with their window's pieces."""
         stream = self.stream
         sources, draws = stream.mixture.locate(epoch, positions)
         source_epochs, inside = np.divmod(draws, stream.mixture.sizes[sources])
         out: list[Any] = [None] * len(positions)
         indices = np.empty(len(positions), dtype=np.int64)
-        for source in np.unique(sources).tolist():
-            for source_epoch in np.unique(source_epochs[sources == source]).tolist():
-                at = np.flatnonzero((sources == source) & (source_epochs == source_epoch))
-                found, index = self._source_records(source, source_epoch, inside[at])
-                indices[at] = stream.offsets[source] + index
-                for slot, record in zip(at.tolist(), found):
-                    out[slot] = record
+        slots_of: dict[tuple[int, int], list[int]] = {}  # the positions of each (source, source-epoch) together
+        for slot, key in enumerate(zip(sources.tolist(), source_epochs.tolist())):
+            slots_of.setdefault(key, []).append(slot)
+        runs = [(source, source_epoch, np.array(at, dtype=np.int64)) for (source, source_epoch), at in slots_of.items()]
+        located: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if alone:  # every stream source that reads rows located at once: a source's epoch set up alone costs more
+            wanted = [i for i, (source, _, _) in enumerate(runs) if _reads_rows(stream.sources[source])]
+            orders = [stream.sources[runs[i][0]].order for i in wanted]
+            located = dict(
+                zip(wanted, locate_many(orders, [runs[i][1] for i in wanted], [inside[runs[i][2]] for i in wanted]))
+            )
+        for i, (source, source_epoch, at) in enumerate(runs):
+            found, index = self._source_records(source, source_epoch, inside[at], located.get(i))
+            indices[at] = stream.offsets[source] + index
+            for slot, record in zip(at.tolist(), found):
+                out[slot] = record
         return out, indices
 
-    def _source_records(self, source: int, source_epoch: int, inside: np.ndarray) -> tuple[list[Any], np.ndarray]:
-        """Records at positions of a source's source-epoch, and their indices in that source."""
+    def _source_records(
+        self, source: int, source_epoch: int, inside: np.ndarray, located: tuple[np.ndarray, np.ndarray] | None
+    ) -> tuple[list[Any], np.ndarray]:
+        """Records at positions of a source's source-epoch, and their indices in that source: read on their own when
+        ``located`` gives their (shard, row), else from their window's pieces."""
         stream = self.stream.sources[source]
         if not isinstance(stream, ShardedStream):
             key = (source, source_epoch)
@@ -299,18 +317,22 @@ class _Reading:
                 permutation = self.permutations[key] = FeistelPermutation(len(stream), seed, source_epoch)
             index = permutation(inside)
             return [stream[i] for i in index.tolist()], index
-        windows = self._epoch_windows(source, source_epoch)
-        shards, rows = windows.locate(inside)
-        window_of = windows.window_of(inside)
-        records: list[Any] = [None] * len(inside)
-        for window in np.unique(window_of).tolist():
-            at = np.flatnonzero(window_of == window)
-            spans, joined = self._window(source, windows, window)
-            found = stream.gather.records(spans, joined, shards[at], rows[at])
-            if stream.transform is not None:
-                found = [stream.transform(record) for record in found]
-            for slot, record in zip(at.tolist(), found):
-                records[slot] = record
+        records: list[Any]
+        if located is not None:
+            shards, rows = located
+            records = stream.gather.records_at_rows(shards, rows)
+        else:
+            windows = self._epoch_windows(source, source_epoch)
+            shards, rows = windows.locate(inside)
+            window_of = windows.window_of(inside)
+            records = [None] * len(inside)
+            for window in distinct(window_of).tolist():
+                at = np.flatnonzero(window_of == window)
+                spans = self._pieces(source, windows, window, shards[at], rows[at])
+                for slot, record in zip(at.tolist(), stream.gather.records(spans, None, shards[at], rows[at])):
+                    records[slot] = record
+        if stream.transform is not None:
+            records = [stream.transform(record) for record in records]
         return records, stream.order.offsets[shards] + rows
 
     def _epoch_windows(self, source: int, source_epoch: int) -> EpochWindows:
@@ -322,23 +344,28 @@ class _Reading:
             windows = self.windows[key] = stream.order.epoch(source_epoch)
         return windows
 
-    def _window(self, source: int, windows: EpochWindows, window: int) -> tuple[Spans, Joined | None]:
-        """A source window's spans, each of its shards read once, whole; the source's last two kept."""
-        held = self.spans.setdefault(source, {})
-        key = (windows.epoch, window)
-        found = held.get(key)
-        if found is not None:
-            return found
+    def _pieces(self, source: int, windows: EpochWindows, window: int, shards: np.ndarray, rows: np.ndarray) -> Spans:
+        """A source window's pieces that hold (shard, row), each piece read once, whole, at the first draw that
+        needs it, and kept for the window's next draws; the source's last two windows kept."""
+        held = self.pieces.setdefault(source, {})
         stream: ShardedStream = self.stream.sources[source]
-        shards = [shard for shard in windows.window_shards(window).tolist() if stream.counts[shard]]
-        first_and_last = np.array([[shard, shard] for shard in shards], dtype=np.int64).reshape(-1)
-        rows = np.array([[0, stream.counts[shard] - 1] for shard in shards], dtype=np.int64).reshape(-1)
-        stream.gather.announce(windows, window)
-        spans = stream.gather.read(first_and_last, rows, shards)
-        found = held[key] = (spans, join_spans(spans, len(stream.shards)))
-        while len(held) > 2:
-            del held[next(iter(held))]
-        return found
+        key = (windows.epoch, window)
+        spans = held.get(key)
+        if spans is None:
+            stream.gather.announce(windows, window)
+            spans = held[key] = {}
+            while len(held) > 2:
+                del held[next(iter(held))]
+        first_of: dict[int, int] = {}  # each shard's first row here, for the shards whose piece is not read yet
+        for shard, row in zip(shards.tolist(), rows.tolist()):
+            if shard not in spans:
+                first_of.setdefault(shard, row)
+        if first_of:
+            unread = np.fromiter(first_of, dtype=np.int64, count=len(first_of))
+            starts, stops = stream.order.piece_bounds(unread, np.fromiter(first_of.values(), np.int64, len(first_of)))
+            bounds = np.stack((starts, stops - 1), axis=1).reshape(-1)
+            spans.update(stream.gather.read(np.repeat(unread, 2), bounds, windows.window_shards(window).tolist()))
+        return spans
 
 
 def _checked_source(index: int, source: Any) -> Any:
@@ -359,6 +386,10 @@ def _checked_source(index: int, source: Any) -> Any:
             f"{type(source).__name__}"
         )
     return source
+
+
+def _reads_rows(source: Any) -> bool:
+    return isinstance(source, ShardedStream) and source.gather.reads_rows
 
 
 def _size_of(source: Any) -> int:
