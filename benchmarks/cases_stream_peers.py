@@ -32,14 +32,22 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_PYTHON = ROOT / ".bench-venv" / "bin" / "python"
-SYSTEMS = ("ours", "litdata", "mosaic", "mosaic-py1br", "hf")
+SYSTEMS = ("ours", "ours-arrow", "litdata", "mosaic", "mosaic-py1br", "hf",
+           "ours-jsonl", "ours-tar", "ours-mds", "ours-litdata")  # fmt: skip
+# Our other readers: an uninterrupted epoch each (throughput and order), on the same records.
+THROUGHPUT_ONLY = ("ours-jsonl", "ours-tar", "ours-mds", "ours-litdata")
+# The shards a system reads that another system's writer makes (ours-mds reads Mosaic's MDS, ours-litdata litdata's).
+WRITTEN_BY = {"litdata": "litdata", "mosaic": "mosaic", "mosaic-py1br": "mosaic", "ours-mds": "mosaic",
+              "ours-litdata": "litdata"}  # fmt: skip
+NEEDS_PEERS = ("litdata", "mosaic", "mosaic-py1br", "hf", "ours-mds", "ours-litdata")
 BATCH, CLASSES, SHARDS = 256, 10, 64
 KILLS = ((0, (0, 2)), (2, (2, 0, 4)))  # workers of the killed run, workers of each resume from its checkpoint
 
 
 def _command(system: str, root: Path, records: int, name: str) -> tuple[list[str], dict[str, str]]:
-    python = sys.executable if system == "ours" else str(BENCH_PYTHON)
-    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")} if system == "ours" else {
+    ours = system.startswith("ours")
+    python = sys.executable if ours else str(BENCH_PYTHON)
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")} if ours else {
         key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # fmt: skip
     return [python, str(ROOT / "benchmarks" / "stream_peers.py"), system, str(root), str(records), name], environment
 
@@ -113,12 +121,15 @@ def run(
         root = Path(scratch)
         task("ours", root, records, "write")  # the parquet shards, which HF reads too
         for system in systems:
-            if resume_only and system == "mosaic-py1br":
-                continue  # shuffle quality only: its resume is Mosaic's
+            if resume_only and (system == "mosaic-py1br" or system in THROUGHPUT_ONLY):
+                continue  # shuffle quality and throughput only: no resume of their own
             print(f"  {system} ...", file=sys.stderr, flush=True)
             result: dict[str, Any] = {}
-            if system in ("litdata", "mosaic") or (system == "mosaic-py1br" and not (root / "mosaic").exists()):
-                result.update(task(system.split("-")[0], root, records, "write"))
+            source = WRITTEN_BY.get(system)
+            if source is not None and not (root / source).exists():
+                result.update(task(source, root, records, "write"))
+            elif system.startswith("ours") and system != "ours":
+                result.update(task(system, root, records, "write"))
             if not resume_only:
                 epoch = task(system, root, records, "epoch")
                 order = epoch.pop("order", None)
@@ -126,8 +137,8 @@ def run(
                 if order is not None:
                     result.update(quality(order, records))
                     result["epoch_records"] = len(order)
-            if system == "mosaic-py1br":
-                results[system] = result  # shuffle quality only: its resume is Mosaic's
+            if system == "mosaic-py1br" or system in THROUGHPUT_ONLY:
+                results[system] = result  # shuffle quality and throughput only
                 continue
             if resume_only:
                 result.update({f"half_{k}": v for k, v in task(system, root, records, "half").items()})
@@ -149,8 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument("--resume-only", action="store_true", help="only the resume cost at 0 workers (for 10^6+)")
     args = parser.parse_args(argv)
-    for system, result in run(args.records, tuple(args.systems), args.resume_only).items():
+    results = run(args.records, tuple(args.systems), args.resume_only)
+    for system, result in results.items():
         print(system, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
+    from benchmarks.__main__ import markdown
+    from benchmarks.figures import Figures
+
+    print(markdown(Figures(rows=rows(results, args.records, () if args.resume_only else KILLS, args.resume_only),
+                           checks=[])))  # fmt: skip
     return 0
 
 
@@ -167,11 +184,9 @@ def _outcome(result: dict[str, Any], prefix: str) -> tuple[float | None, str]:
 
 def figure(mode: Mode, run_case: Any, figures: Any) -> None:
     """``python -m benchmarks --only stream-peers`` (the peers need ``.bench-venv``, ``make bench-venv``):
-    2*10^4 records, the kills and resumes, quality and throughput; with --full the resume cost at 10^6;
-    ``--smoke`` runs ours alone, one kill and one resume. The published tables are
-    ``python -m benchmarks.cases_stream_peers`` (docs/streaming.md)."""
-    from benchmarks.figures import Row
-
+    2*10^4 records, the kills and resumes, quality and throughput of every reader; with --full the resume
+    cost at 10^6; ``--smoke`` runs ours alone, one kill and one resume. The same table at another size:
+    ``python -m benchmarks.cases_stream_peers --records N`` (docs/streaming.md)."""
     systems: tuple[str, ...] = SYSTEMS
     skipped = ""
     if mode.smoke:
@@ -180,33 +195,63 @@ def figure(mode: Mode, run_case: Any, figures: Any) -> None:
         skipped = f"{BENCH_PYTHON} is absent (make bench-venv)"
     if skipped:
         print(f"  stream-peers: litdata, Mosaic and HF skipped: {skipped}", file=sys.stderr, flush=True)
-        systems = ("ours",)
+        systems = ("ours",) if mode.smoke else tuple(s for s in SYSTEMS if s not in NEEDS_PEERS)
     # quick: a few minutes (HF reads about 2,000 records/s here); smoke: 32 batches, killed at the 16th
     records = mode.pick(quick=20_000, full=1_000_000, smoke=8_192)
     kills = mode.pick(quick=KILLS, full=(), smoke=((2, (0,)),))
-    name = f"streams side by side, {records:,} class-sorted records"
     results = run(records, systems, resume_only=mode.full, kills=kills)
-    for system in (s for s in SYSTEMS if s != "mosaic-py1br"):
+    figures.rows += rows(results, records, kills, mode.full)
+
+
+def rows(results: dict[str, dict[str, Any]], records: int, kills: tuple[Any, ...], resume_only: bool) -> list[Any]:
+    """One table of a run: per system, each kill's records repeated + lost, the resume's time to its first
+    batch (and its CPU time), the state's size, the three quality figures and the records/s."""
+    from benchmarks.figures import Row
+
+    name = f"streams side by side, {records:,} class-sorted records"
+    table: list[Any] = []
+    for system in SYSTEMS:
         if system not in results:
-            figures.rows.append(Row(name, "resume: fresh process to the first batch", system, None, "s",
-                                    note=f"skipped: {skipped}"))  # fmt: skip
-            continue
+            continue  # not asked for, or skipped (the run says why on stderr)
         result = results[system]
-        for killed, resumed in kills:
-            for workers in resumed:
-                value, note = _outcome(result, f"kill{killed}_to{workers}")
-                checkpoint = result.get(f"kill{killed}_to{workers}_checkpoint_batch", "?")
-                note = f"killed at batch {result.get(f'kill{killed}_batch', '?')}, resumed from {checkpoint}: {note}"
-                figures.rows.append(Row(name, f"SIGKILL at {killed} workers, resumed at {workers}: records "
-                                        "repeated + lost", system, value, "", note=note))  # fmt: skip
-        prefix = "resume" if mode.full else f"kill{kills[0][0]}_to{kills[0][1][0]}"
-        figures.rows.append(Row(name, "resume: fresh process to the first batch", system,
-                                result.get(f"{prefix}_first_batch_s"), "s", result.get(f"{prefix}_rss_mib")))  # fmt: skip
-    for system, result in results.items():
-        if "same_class_mates" in result:
-            figures.rows.append(Row(name, "P(batch-mates share a class)", system, result["same_class_mates"], "",
-                                    note=f"Mosaic entropy {result.get('mosaic_entropy', 0):.2f}"))  # fmt: skip
-            figures.rows.append(Row(name, "records/s, 0 workers", system, result.get("rate_0"), "rec/s"))
+        if system not in THROUGHPUT_ONLY and system != "mosaic-py1br":
+            for killed, resumed in kills:
+                for workers in resumed:
+                    value, note = _outcome(result, f"kill{killed}_to{workers}")
+                    checkpoint = result.get(f"kill{killed}_to{workers}_checkpoint_batch", "?")
+                    note = (
+                        f"killed at batch {result.get(f'kill{killed}_batch', '?')}, resumed from {checkpoint}: {note}"
+                    )
+                    table.append(Row(name, f"SIGKILL at {killed} workers, resumed at {workers}: records "
+                                     "repeated + lost", system, value, "", note=note))  # fmt: skip
+            pairings = (
+                [("resume", "0→0 (half an epoch)")]
+                if resume_only
+                else [
+                    (f"kill{killed}_to{workers}", f"{killed}→{workers}")
+                    for killed, resumed in kills
+                    for workers in resumed
+                ]
+            )
+            for prefix, pairing in pairings:
+                cpu = result.get(f"{prefix}_first_batch_cpu_s")
+                table.append(Row(name, f"resume {pairing}: fresh process to the first batch", system,
+                                 result.get(f"{prefix}_first_batch_s"), "s", result.get(f"{prefix}_rss_mib"),
+                                 note="" if cpu is None else f"CPU {cpu:.3f} s (this process)"))  # fmt: skip
+            prefix = pairings[0][0]
+            table.append(Row(name, "state size (pickled)", system, result.get(f"{prefix}_state_bytes"), "B"))
+        if resume_only:
+            continue
+        error = result.get("error", "")
+        table.append(Row(name, "P(batch-mates share a class) (ideal 0.10)", system, result.get("same_class_mates"), "",
+                         note=error))  # fmt: skip
+        table.append(Row(name, "class TV of the first 10 batches (ideal 0)", system, result.get("first_tv"), ""))
+        table.append(Row(name, "Mosaic entropy (higher is better)", system, result.get("mosaic_entropy"), "bits"))
+        for workers in (0,) if system == "mosaic-py1br" else (0, 4):
+            cpu_rate = result.get("cpu_rate_0") if workers == 0 else None
+            table.append(Row(name, f"records/s, {workers} workers", system, result.get(f"rate_{workers}"), "rec/s",
+                             note="" if cpu_rate is None else f"{cpu_rate:,.0f} per CPU s"))  # fmt: skip
+    return table
 
 
 if __name__ == "__main__":

@@ -84,14 +84,81 @@ def write(system: str, root: Path, records: int) -> None:
                 writer.write({"id": int(ids[i]), "label": int(labels[i])})
 
 
-def write_parquet(root: Path, records: int) -> None:
+# Our readers over the same records: parquet and Arrow (written here, 64 shards), JSON Lines and tar
+# (throughput only), MDS and LitData (throughput only: Mosaic's and litdata's own shards, read by ours).
+OUR_FORMATS = {"ours": "parquet", "ours-arrow": "arrow", "ours-jsonl": "jsonl", "ours-tar": "tar",
+               "ours-mds": "mosaic", "ours-litdata": "litdata"}  # fmt: skip
+SUFFIXES = {"parquet": ".parquet", "arrow": ".arrow", "jsonl": ".jsonl", "tar": ".tar"}
+
+
+def write_ours(system: str, root: Path, records: int) -> None:
+    """The 64 shards of ``system``'s format (parquet, Arrow IPC files, JSON Lines, WebDataset tar)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    (root / "parquet").mkdir(parents=True, exist_ok=True)
+    form = OUR_FORMATS[system]
+    if form not in SUFFIXES:
+        return  # MDS and LitData: the peers' own writers wrote them
+    (root / form).mkdir(parents=True, exist_ok=True)
     for shard, ids in enumerate(np.array_split(np.arange(records), SHARDS)):
-        table = pa.table({"id": ids, "label": ids * CLASSES // records})
-        pq.write_table(table, root / "parquet" / f"part-{shard:03d}.parquet", row_group_size=1024)
+        labels = ids * CLASSES // records
+        path = root / form / f"part-{shard:03d}{SUFFIXES[form]}"
+        table = pa.table({"id": ids, "label": labels})
+        if form == "parquet":
+            pq.write_table(table, path, row_group_size=1024)
+        elif form == "arrow":  # the file format: an index of its record batches
+            with pa.ipc.new_file(path, table.schema) as writer:
+                writer.write_table(table, max_chunksize=1024)
+        elif form == "jsonl":
+            path.write_text("".join(f'{{"id": {i}, "label": {c}}}\n' for i, c in zip(ids.tolist(), labels.tolist())))
+        else:
+            _write_tar(path, ids.tolist(), labels.tolist())
+
+
+def _write_tar(path: Path, ids: list[int], labels: list[int]) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as archive:
+        for ident, label in zip(ids, labels):
+            for suffix, value in (("id", ident), ("label", label)):
+                data = str(value).encode()
+                info = tarfile.TarInfo(f"{ident:09d}.{suffix}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+
+
+def tar_record(record: dict[str, Any]) -> dict[str, int]:
+    """A tar record's files decoded, as a webdataset user's transform does."""
+    return {"id": int(record["id"]), "label": int(record["label"])}
+
+
+def our_stream(system: str, root: Path, batch_size: int, seed: int) -> Any:
+    """``system``'s ``ShardedStream``, with a shard manifest beside the shards: a restart stats the shards."""
+    from stateful_sampler.stream import (
+        ArrowReader,
+        JsonlReader,
+        LitDataReader,
+        MDSReader,
+        ParquetReader,
+        ShardedStream,
+        TarReader,
+    )
+
+    form = OUR_FORMATS[system]
+    reader: Any
+    if form == "mosaic":
+        reader = MDSReader(str(root / "mosaic"))
+        shards = list(reader.shards)
+    elif form == "litdata":
+        reader = LitDataReader(str(root / "litdata"))
+        shards = list(reader.shards)
+    else:
+        reader = {"parquet": ParquetReader, "arrow": ArrowReader, "jsonl": JsonlReader, "tar": TarReader}[form]()
+        shards = sorted(str(p) for p in (root / form).glob(f"*{SUFFIXES[form]}"))
+    return ShardedStream(shards, reader, batch_size=batch_size, window=WINDOW, seed=seed,
+                         shard_manifest=root / f"{system}.manifest.json",
+                         transform=tar_record if form == "tar" else None)  # fmt: skip
 
 
 def preload(system: str) -> None:
@@ -99,11 +166,12 @@ def preload(system: str) -> None:
 
     if system.startswith("mosaic"):
         _stub_torchvision()
-    module = {"ours": "stateful_sampler.stream", "litdata": "litdata", "mosaic": "streaming",
-              "mosaic-py1br": "streaming", "hf": "datasets"}[system]  # fmt: skip
+    module = {"litdata": "litdata", "mosaic": "streaming", "mosaic-py1br": "streaming",
+              "hf": "datasets"}.get(system, "stateful_sampler.stream")  # fmt: skip
     importlib.import_module(module)
-    if system == "ours":  # the modules ParquetReader imports at its first use, as litdata's import brings its own
+    if system.startswith("ours"):  # what our readers import at their first use, as litdata's import brings its own
         importlib.import_module("pyarrow.parquet")
+        importlib.import_module("pyarrow.ipc")
         importlib.import_module("pyarrow.compute")
         importlib.import_module("numpy.ma")  # numpy 2.4's np.unique imports it at its first call
     if system == "hf":
@@ -111,12 +179,8 @@ def preload(system: str) -> None:
 
 
 def build(system: str, root: Path, records: int, workers: int, seed: int = 0) -> tuple[Any, Any]:
-    if system == "ours":
-        from stateful_sampler.stream import ParquetReader, ShardedStream
-
-        counts = [len(ids) for ids in np.array_split(np.arange(records), SHARDS)]
-        stream = ShardedStream(parquet_paths(root), ParquetReader(), batch_size=BATCH, window=WINDOW, seed=seed,
-                               counts=counts)  # fmt: skip
+    if system.startswith("ours"):
+        stream = our_stream(system, root, BATCH, seed)
         return stream, stream.loader(num_workers=workers)
     if system == "litdata":
         from litdata import StreamingDataLoader, StreamingDataset
@@ -152,7 +216,7 @@ def id_batches(loader: Any) -> Any:
 
 def state_of(system: str, dataset: Any, loader: Any, consumed: int) -> Any:
     """What a user's checkpoint saves after the loop consumed ``consumed`` batches."""
-    return dataset.state_dict(consumed_batches=consumed) if system == "ours" else loader.state_dict()
+    return dataset.state_dict(consumed_batches=consumed) if system.startswith("ours") else loader.state_dict()
 
 
 def save_atomically(path: Path, payload: Any) -> None:
@@ -190,7 +254,7 @@ def half_state(system: str, root: Path, records: int) -> None:
     only comes from its loader, so it reads the half epoch at 0 workers."""
     half = records // BATCH // 2
     dataset, loader = build(system, root, records, 0)
-    if system == "ours":
+    if system.startswith("ours"):
         state = dataset.state_dict(consumed_batches=half)
     elif system == "mosaic":
         state = dataset.state_dict(half * BATCH, True)
@@ -206,16 +270,17 @@ def resume(system: str, root: Path, records: int, checkpoint: str, workers: int)
     saved = pickle.loads((root / f"{system}.{checkpoint}.ckpt").read_bytes())
     state_bytes = len(pickle.dumps(saved["state"]))  # before loading it: litdata's load adds to the dict
     preload(system)  # imports are not the resume's cost
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     dataset, loader = build(system, root, records, workers)
     try:
-        (dataset if system == "ours" else loader).load_state_dict(saved["state"])
+        (dataset if system.startswith("ours") else loader).load_state_dict(saved["state"])
         batches = id_batches(loader)
         rest = [next(batches)]
     except Exception as error:  # noqa: BLE001 (whatever a peer raises to refuse a resume is a result)
         message = (str(error).splitlines() or ["(no message)"])[0][:160]
         return {"refused": f"{type(error).__name__}: {message}"}
     result: dict[str, Any] = {"first_batch_s": time.perf_counter() - started, "rss_mib": rss_mib(),
+                              "first_batch_cpu_s": time.process_time() - cpu,  # this process's: workers' apart
                               "state_bytes": state_bytes, "checkpoint_batch": saved["batches"]}  # fmt: skip
     if saved["delivered"] is None:
         return result
@@ -226,15 +291,17 @@ def resume(system: str, root: Path, records: int, checkpoint: str, workers: int)
 
 def main(system: str, root: Path, records: int, task: str) -> dict[str, Any]:
     if task == "write":
-        write_parquet(root, records) if system == "ours" else write(system, root, records)
+        write_ours(system, root, records) if system.startswith("ours") else write(system, root, records)
         return {}
     if task == "epoch":  # uninterrupted epochs: the order at 0 workers, records/s at 0 and 4 workers
         result: dict[str, Any] = {}
         for workers in (0,) if system == "mosaic-py1br" else (0, 4):
             _, loader = build(system, root, records, workers)
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             order = list(id_batches(loader))
             result[f"rate_{workers}"] = sum(map(len, order)) / (time.perf_counter() - started)
+            if workers == 0:  # records per CPU second: the figure a shared machine's load does not move
+                result["cpu_rate_0"] = sum(map(len, order)) / (time.process_time() - cpu)
             if workers == 0:
                 result["order"] = [i for batch in order for i in batch]
         return result

@@ -231,3 +231,29 @@ def test_a_pickled_reader_reads_the_same_records(name: str, tmp_path: Path) -> N
     eager = [reader.read(shard, 0, reader.count(shard)) for shard in shards]
     copy = pickle.loads(pickle.dumps(reader))
     assert repr([copy.read(shard, 0, copy.count(shard)) for shard in shards]) == repr(eager)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_read_rows_gives_the_records_at_the_rows_in_their_order_and_names_a_shard_that_holds_fewer(
+    name: str, tmp_path: Path
+) -> None:
+    shards, reader = made(name, tmp_path)
+    shard = shards[2]
+    every = reader.read(shard, 0, reader.count(shard))
+    rows = [len(every) - 1, 0, 3, 2]
+    before = reader.stats.converted
+    assert repr(reader.read_rows(shard, rows)) == repr([every[row] for row in rows])
+    assert reader.stats.converted - before == len(rows) and reader.read_rows(shard, []) == []
+    with pytest.raises(ShardReadError, match=re.escape(repr(shard))):
+        reader.read_rows(shard, [1, len(every)])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_resumes_first_batch_converts_only_its_own_records(name: str, tmp_path: Path) -> None:
+    shards, reader = made(name, tmp_path)
+    config = {"batch_size": 3, "window": 2, "seed": 1}
+    uninterrupted = loop_batches(ShardedStream(shards, FORMATS[name].open(tmp_path)[1], **config), 0)
+    resumed = ShardedStream(shards, reader, **config)
+    resumed.load_state_dict(resumed.state_dict(consumed_batches=4))
+    first = loop_batches(resumed, 0, limit=1)
+    assert repr(first) == repr(uninterrupted[4:5]) and reader.stats.converted == 3

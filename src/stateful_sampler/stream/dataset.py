@@ -37,8 +37,9 @@ from stateful_sampler.ranks import process_world_size, resolve_ranks
 from stateful_sampler.resharding import refuse_resharding
 from stateful_sampler.stream.gather import Joined, Spans, WindowGather, chunk_bounds, join_spans
 from stateful_sampler.stream.layout import StreamLayout
+from stateful_sampler.stream.manifest import ShardManifest
 from stateful_sampler.stream.readers import ShardReader
-from stateful_sampler.stream.state import Manifest, StreamState, shard_identities
+from stateful_sampler.stream.state import Manifest, StreamState, check_counts, shard_identities
 from stateful_sampler.wrappers import BatchSizeWords, adopt_batch_size, dataloaders_under
 
 
@@ -83,7 +84,11 @@ class ShardedStream(IterableDataset):
         seed: an int in [0, 2**63).
         counts: records per shard; read from the reader once when not given. When given, each is checked
             against the count the reader read with the shard's identity, where it read one (a parquet
-            footer): a contradiction is refused, naming the shard.
+            footer), or the manifest's: a contradiction is refused, naming the shard.
+        shard_manifest: a file (on local disk) that keeps each shard's count and content identity by its
+            size and modification time or ETag (``stream.manifest``): the first build reads the shards and
+            writes it, a restart stats the shards instead of reading their footers. Not with a ``ShardCache``,
+            which keeps a manifest of its own on the node.
         tail: ``"pad"`` (marked repeats even out the ranks) or ``"drop"``.
         num_replicas, rank: default to the process group, or 1 and 0 without one.
         yield_keys: yield ``(record, SampleKey)``; the key's index is the global record index
@@ -112,6 +117,7 @@ class ShardedStream(IterableDataset):
         seed: int = 0,
         spread: int | None = None,
         counts: Sequence[int] | None = None,
+        shard_manifest: str | os.PathLike[str] | None = None,
         tail: str = "pad",
         num_replicas: int | None = None,
         rank: int | None = None,
@@ -135,15 +141,27 @@ class ShardedStream(IterableDataset):
         )  # fmt: skip
         given = counts is not None
         prepare = getattr(reader, "prepare", None)
-        if prepare is not None:  # a reader that looks the shards up at once (ShardCache: once per node)
+        known = None
+        if shard_manifest is not None:
+            if prepare is not None:
+                raise ValueError(
+                    f"shard_manifest: {type(reader).__name__} keeps a manifest of its own on the node (ShardCache): "
+                    f"leave shard_manifest unset"
+                )
+            known = ShardManifest(shard_manifest).look_up(reader, self.shards)
+        elif prepare is not None:  # a reader that looks the shards up at once (ShardCache: once per node)
             prepare(self.shards, counts=not given)
         if counts is None:
-            counts = [reader.count(shard) for shard in self.shards]
+            counts = known.counts if known is not None else [reader.count(shard) for shard in self.shards]
         if len(counts) != len(self.shards):
             raise ValueError(f"counts must give one count per shard ({len(self.shards)}), got {len(counts)}")
         self.counts = [check_int(f"counts[{i}] ({self.shards[i]!r})", count) for i, count in enumerate(counts)]
         self.order = ShardedShuffle(self.counts, self.window, self.seed, self.spread)
-        self.identities = shard_identities(reader, self.shards, self.counts if given else None)
+        if known is None:
+            self.identities = shard_identities(reader, self.shards, self.counts if given else None)
+        else:
+            check_counts(self.shards, self.counts, known.counts)
+            self.identities = known.identities
         self.manifest = Manifest.of(self.shards, self.counts, self.identities)
         self.gather = WindowGather(reader, self.shards, self.counts)
 

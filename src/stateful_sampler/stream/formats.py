@@ -96,6 +96,20 @@ class SlicedSpan(Sequence[Any]):
         return records
 
 
+def rows_of_span(read_span: Callable[[str, int, int], Any], shard: str, rows: Sequence[int] | Any) -> list[Any]:
+    """The records at ``rows`` of ``shard``, in that order, through a span from the first to the last of them
+    whose records are decoded only when taken (``SlicedSpan`` over a memory map): the ``read_rows`` of a format
+    with an offset per record (MDS, LitData, an indexed tar), which touches the asked records' bytes alone
+    (a remote shard's span is read in one request). A row outside the shard raises the span's ``ShardReadError``.
+    """
+    offsets = [int(row) for row in (rows.tolist() if hasattr(rows, "tolist") else rows)]
+    if not offsets:
+        return []
+    low = min(offsets)
+    span = read_span(shard, low, max(offsets) + 1)
+    return list(span.records_at([row - low for row in offsets]))
+
+
 def shard_bytes(shard: str, storage_options: Mapping[str, Any] | None) -> Any:
     """The shard's bytes: a read-only memory map of a local file (nothing read until sliced), the whole
     object read once from a remote one. ``ShardReadError`` naming the shard if it cannot be read."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from stateful_sampler.stream.formats import (
     directory_index,
     entry_of,
     item_offsets,
+    rows_of_span,
     shard_bytes,
 )
 from stateful_sampler.stream.readers import ParquetSpan, ReadStats
@@ -193,6 +194,11 @@ class LitDataReader:
 
     def read(self, shard: str, start: int, stop: int) -> list[Any]:
         return self.read_span(shard, start, stop).records_at(list(range(stop - start)))
+
+    def read_rows(self, shard: str, rows: Sequence[int] | Any) -> list[Any]:
+        """The records at ``rows``, in that order, decoding only them (see ``formats.rows_of_span``): a first
+        batch after a resume waits for its own records, not for its window's shards."""
+        return rows_of_span(self.read_span, shard, rows)
 
     def read_span(self, shard: str, start: int, stop: int) -> SlicedSpan | ParquetSpan:
         """Items ``start .. stop - 1``; each is decoded from the (memory-mapped) chunk when taken, or, for a

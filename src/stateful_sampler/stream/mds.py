@@ -12,7 +12,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -28,6 +28,7 @@ from stateful_sampler.stream.formats import (
     directory_index,
     entry_of,
     item_offsets,
+    rows_of_span,
     shard_bytes,
 )
 from stateful_sampler.stream.readers import ReadStats
@@ -208,6 +209,11 @@ class MDSReader:
 
     def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:
         return self.read_span(shard, start, stop).records_at(list(range(stop - start)))
+
+    def read_rows(self, shard: str, rows: Sequence[int] | Any) -> list[Any]:
+        """The records at ``rows``, in that order, decoding only them (see ``formats.rows_of_span``): a first
+        batch after a resume waits for its own records, not for its window's shards."""
+        return rows_of_span(self.read_span, shard, rows)
 
     def read_span(self, shard: str, start: int, stop: int) -> SlicedSpan:
         """Samples ``start .. stop - 1``; each is decoded from the (memory-mapped) shard when taken."""

@@ -151,6 +151,34 @@ def rows_reader(reader: Any) -> Callable[[str, np.ndarray], Sequence[Any]] | Non
     return cast(Callable[[str, np.ndarray], Sequence[Any]], read_rows)
 
 
+def rows_in_pieces(shard: str, sizes: Sequence[int], rows: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For a shard stored in pieces of ``sizes`` rows (parquet row groups, Arrow record batches): the pieces that
+    hold ``rows``, in order, and each row's offset in those pieces read one after another. A row past the
+    shard's end raises ``ShardReadError`` naming the shard (it holds fewer records than were counted).
+
+    Example:
+        >>> pieces, offsets = rows_in_pieces("a", [4, 4, 4], [9, 1, 2])
+        >>> pieces.tolist(), offsets.tolist()
+        ([0, 2], [5, 1, 2])
+    """
+    wanted = np.asarray(rows, dtype=np.int64)
+    lengths = np.asarray(sizes, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    if len(wanted) and (wanted.min() < 0 or wanted.max() >= total):
+        raise ShardReadError(
+            f"shard {shard!r} holds {total} records, rows {int(wanted.min())}..{int(wanted.max())} were asked: it "
+            f"holds fewer than were counted at start"
+        )
+    piece_of = np.searchsorted(ends, wanted, side="right")
+    pieces = np.flatnonzero(np.bincount(piece_of, minlength=len(lengths)))  # np.unique imports numpy.ma
+    # Each piece's first row in the shard, and in the pieces read one after another.
+    in_shard = ends[pieces] - lengths[pieces]
+    in_read = np.cumsum(lengths[pieces]) - lengths[pieces]
+    at = np.searchsorted(pieces, piece_of)
+    return pieces, wanted - in_shard[at] + in_read[at]
+
+
 class ParquetSpan(Sequence[dict[str, Any]]):
     """Rows of a parquet shard decoded to columns (a ``pyarrow.Table``); the records (dicts, as
     ``to_pylist`` makes them) are built only for the rows asked. Columnar decoding is cheap, building
@@ -322,19 +350,11 @@ class ParquetReader:
     def read_rows(self, shard: str, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
         """The records at ``rows`` of ``shard``, in that order, decoding only the row groups they lie in: a
         first batch after a resume waits for its own row groups, not for its window's shards."""
-        wanted = np.asarray(rows, dtype=np.int64)
         with _Parquet(shard, self.storage_options) as parquet:
             self.stats.opened += 1
             metadata = parquet.metadata
-            sizes = np.array([metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)], dtype=np.int64)
-            ends = np.cumsum(sizes)
-            if len(wanted) and (wanted.min() < 0 or wanted.max() >= (ends[-1] if len(ends) else 0)):
-                raise ShardReadError(
-                    f"shard {shard!r} holds {int(ends[-1]) if len(ends) else 0} records, rows up to "
-                    f"{int(wanted.max())} were asked: it holds fewer than were counted at start"
-                )
-            group_of = np.searchsorted(ends, wanted, side="right")
-            groups = np.flatnonzero(np.bincount(group_of, minlength=len(sizes)))  # np.unique imports numpy.ma
+            sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+            groups, offsets = rows_in_pieces(shard, sizes, rows)
             for index in groups.tolist():
                 group = metadata.row_group(index)
                 self.stats.rows += group.num_rows
@@ -343,9 +363,6 @@ class ParquetReader:
                 table = parquet.read_row_groups(groups.tolist(), columns=self.columns)
             except Exception as error:  # pyarrow raises OSError or ArrowInvalid for a corrupt file
                 raise ShardReadError(f"could not read rows of shard {shard!r}: {error}") from error
-        # Each asked row's offset in the table of its row groups, read one after another.
-        bases = np.cumsum(sizes[groups]) - sizes[groups] - (ends[groups] - sizes[groups])
-        offsets = wanted + bases[np.searchsorted(groups, group_of)]
         return ParquetSpan(table, self.stats).records_at(offsets)
 
     def _table(self, shard: str, start: int, stop: int) -> Any:

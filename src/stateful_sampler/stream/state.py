@@ -81,13 +81,19 @@ def shard_identities(reader: Any, names: Sequence[str], counts: Sequence[int] | 
                 f"{type(reader).__name__}.identity({name!r}) must return a str, got {type(value).__name__} {value!r}"
             )
         identities.append(value)
-        true = None if known_count is None else known_count(name)
-        if true is not None and counts is not None and true != counts[index]:
+        if known_count is not None and counts is not None:
+            check_counts([name], [counts[index]], [known_count(name)], index)
+    return identities
+
+
+def check_counts(names: Sequence[str], counts: Sequence[int], known: Sequence[int | None], first: int = 0) -> None:
+    """Refuse a given count that contradicts the count read with the shard's identity (None: none was read)."""
+    for index, (name, count, true) in enumerate(zip(names, counts, known), first):
+        if true is not None and true != count:
             raise ValueError(
-                f"counts[{index}] ({name!r}) is {counts[index]}, but the shard holds {true} records (read with its "
+                f"counts[{index}] ({name!r}) is {count}, but the shard holds {true} records (read with its "
                 f"identity): pass counts[{index}]={true}, or leave counts unset to read every count"
             )
-    return identities
 
 
 # Version 1 was every field by name (181 B pickled); version 2 packs what a resume only checks into ``order``;

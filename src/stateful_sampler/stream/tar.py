@@ -25,13 +25,13 @@ import re
 import secrets
 import tarfile
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stateful_sampler.errors import ShardReadError
-from stateful_sampler.stream.formats import SlicedSpan, content_identity, digest, user_cache_dir
+from stateful_sampler.stream.formats import SlicedSpan, content_identity, digest, rows_of_span, user_cache_dir
 from stateful_sampler.stream.readers import ReadStats, ShardMetadata, scans_shard
 from stateful_sampler.stream.remote import StoredIdentity, is_url, open_shard, stored_identity
 
@@ -195,6 +195,11 @@ class TarReader:
 
     def read(self, shard: str, start: int, stop: int) -> list[dict[str, Any]]:
         return self.read_span(shard, start, stop).records_at(list(range(stop - start)))
+
+    def read_rows(self, shard: str, rows: Sequence[int] | Any) -> list[Any]:
+        """The records at ``rows``, in that order, decoding only them (see ``formats.rows_of_span``): a first
+        batch after a resume waits for its own records, not for its window's shards."""
+        return rows_of_span(self.read_span, shard, rows)
 
     def read_span(self, shard: str, start: int, stop: int) -> SlicedSpan:
         """Records ``start .. stop - 1``; each record's files are sliced from the shard when it is taken."""
