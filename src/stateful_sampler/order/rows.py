@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -257,33 +256,23 @@ class PassRows:
 
     def _rows_of_every_window(self) -> np.ndarray:
         """Each window's row count, the windows' lengths counted many windows at a time (``bin_counts``):
-        exactly ``len(self._packed_window(index))`` for every index. A thread shuffles the next batch of windows'
-        lengths while this one counts a batch (NumPy lets go of the GIL in both): the two halves of the cost
-        overlap on two cores, and follow each other on one."""
+        exactly ``len(self._packed_window(index))`` for every index."""
         order, windows = self._order, self._windows
         counts = np.empty(windows.count, dtype=np.int64)
         full = windows.size // windows.window  # windows of ``window`` records; the last may be shorter
         per_batch = max(1, _COUNTED_AT_ONCE // windows.window)
-        firsts = range(0, windows.count, per_batch)
-
-        def lengths_from(first: int) -> np.ndarray:
-            lengths = windows.lengths_between(order.lengths, first, min(first + per_batch, windows.count))
-            return np.minimum(lengths, order.capacity) if order.truncate else lengths
-
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stateful-sampler-shuffle") as shuffler:
-            following = shuffler.submit(lengths_from, firsts[0])
-            for at, first in enumerate(firsts):
-                lengths = following.result()
-                if at + 1 < len(firsts):
-                    following = shuffler.submit(lengths_from, firsts[at + 1])
-                last = min(first + per_batch, windows.count)
-                whole = min(last, full) - first
-                cut = whole * windows.window
-                counts[first : first + whole] = bin_counts(
-                    lengths[:cut].reshape(whole, windows.window), order.capacity, padded=order.padded
-                )
-                if cut < len(lengths):
-                    counts[last - 1] = bin_counts(lengths[None, cut:], order.capacity, padded=order.padded)[0]
+        for first in range(0, windows.count, per_batch):
+            last = min(first + per_batch, windows.count)
+            lengths = windows.lengths_between(order.lengths, first, last)
+            if order.truncate:
+                lengths = np.minimum(lengths, order.capacity)
+            whole = min(last, full) - first
+            cut = whole * windows.window
+            counts[first : first + whole] = bin_counts(
+                lengths[:cut].reshape(whole, windows.window), order.capacity, padded=order.padded
+            )
+            if cut < len(lengths):
+                counts[last - 1] = bin_counts(lengths[None, cut:], order.capacity, padded=order.padded)[0]
         return counts
 
     def _packed_window(self, index: int) -> list[np.ndarray]:
