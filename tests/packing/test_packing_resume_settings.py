@@ -1,5 +1,6 @@
 """A packing resume with other settings is refused naming the setting (``packing.settings.<name>``), and
-states saved by 0.2.0 (packing anchor version 1, no settings) still load, or are refused saying why."""
+states saved by 0.2.0 (packing anchor version 1, no settings) and by anchor version 2 (lengths hashed by blake2b)
+still load, or are refused saying why."""
 
 from __future__ import annotations
 
@@ -28,6 +29,27 @@ V1_STATES = {
         "strategy": "token-budget", "strategy_fingerprint": "159a094290936aeb", "epoch": 1, "position": 9,
         "carry_start": 0, "epoch_end": 38, "world_size": 1, "batch_size": 1, "packing": {"version": 1, "pass": 1,
         "window": 3, "start": 9, "rows": 38, "check": "b630f37daeafb6e5"}}""",
+}
+
+# Saved by main a0bd7c6 (packing anchor version 2: settings, lengths hashed by blake2b) the way ``_saved`` saves.
+V2_STATES = {
+    "split": """{"version": 3, "size": 200, "seed": 5, "shuffle": true, "tail": "pad", "order": "fast",
+        "strategy": "packed-rows", "strategy_fingerprint": "08f71b6ad09b23c4", "epoch": 1, "position": 28,
+        "carry_start": 0, "epoch_end": 80, "world_size": 1, "batch_size": 4, "strategy_state": null, "packing":
+        {"version": 2, "pass": 0, "window": 4, "start": 1539, "rows": null, "settings": {"seq_len": 64,
+        "split_records": true, "window": 16, "truncate": false, "lengths": "68557434d0735f9b"},
+        "check": "f8a4480213557c4d"}}""",
+    "whole": """{"version": 3, "size": 200, "seed": 5, "shuffle": true, "tail": "pad", "order": "fast",
+        "strategy": "packed-whole-rows", "strategy_fingerprint": "f76fca253302aa4d", "epoch": 1, "position": 28,
+        "carry_start": 0, "epoch_end": 90, "world_size": 1, "batch_size": 4, "strategy_state": null, "packing":
+        {"version": 2, "pass": 1, "window": 3, "start": 21, "rows": 90, "settings": {"seq_len": 64,
+        "split_records": false, "window": 16, "truncate": false, "lengths": "68557434d0735f9b"},
+        "check": "271c98fbaceb8d2c"}}""",
+    "budget": """{"version": 3, "size": 200, "seed": 5, "shuffle": true, "tail": "pad", "order": "fast",
+        "strategy": "token-budget", "strategy_fingerprint": "159a094290936aeb", "epoch": 1, "position": 9,
+        "carry_start": 0, "epoch_end": 38, "world_size": 1, "batch_size": 1, "strategy_state": null, "packing":
+        {"version": 2, "pass": 1, "window": 3, "start": 9, "rows": 38, "settings": {"max_tokens": 256,
+        "padded": true, "window": 16, "lengths": "68557434d0735f9b"}, "check": "9a2e3fd9c09272d9"}}""",
 }
 
 
@@ -106,7 +128,8 @@ def test_a_state_saved_by_0_2_0_still_resumes_exactly(kind):
     whole = _plans(uninterrupted)
     head, state = _saved(kind)
     old = json.loads(V1_STATES[kind])
-    new_fields = ("packing", "version", "strategy_state")  # state version 3 added the strategy's slot
+    # state version 3 added the strategy's slot; anchor version 3 hashes the lengths (so the fingerprint) anew
+    new_fields = ("packing", "version", "strategy_state", "strategy_fingerprint")
     assert {k: v for k, v in state.items() if k not in new_fields} == {
         k: v for k, v in old.items() if k not in new_fields
     }
@@ -114,7 +137,53 @@ def test_a_state_saved_by_0_2_0_still_resumes_exactly(kind):
     resumed = _make(kind)
     resumed.load_state_dict(old)
     assert [(list(item), item.key) for item in head] + _plans(resumed) == whole
-    assert resumed.state_dict()["packing"]["version"] == 2  # it saves the current version from then on
+    assert resumed.state_dict()["packing"]["version"] == 3  # it saves the current version from then on
+
+
+@pytest.mark.parametrize("kind", ["split", "whole", "budget"])
+def test_a_version_2_state_still_resumes_exactly_and_saves_version_3(kind):
+    uninterrupted = _make(kind)
+    uninterrupted.set_epoch(1)
+    head, state = _saved(kind)
+    old = json.loads(V2_STATES[kind])
+    assert state["packing"]["version"] == 3 and state["packing"]["settings"]["lengths"] != "68557434d0735f9b"
+    assert {k: v for k, v in state.items() if k not in ("packing", "strategy_fingerprint")} == {
+        k: v for k, v in old.items() if k not in ("packing", "strategy_fingerprint")
+    }
+    resumed = _make(kind)
+    resumed.load_state_dict(old)
+    assert [(list(item), item.key) for item in head] + _plans(resumed) == _plans(uninterrupted)
+    again, current = _make(kind), _make(kind)
+    again.load_state_dict(old)
+    current.load_state_dict(state)
+    assert again.state_dict() == current.state_dict()  # the fold digest and its fingerprint from then on
+
+
+@pytest.mark.parametrize("kind", ["split", "whole", "budget"])
+def test_a_version_2_state_with_other_lengths_is_refused_naming_the_lengths(kind):
+    changed = list(LENGTHS)
+    changed[150] += 3
+    sampler = _make(kind, lengths=changed)
+    before = sampler.state_dict()
+    with pytest.raises(IncompatibleStateError) as caught:
+        sampler.load_state_dict(json.loads(V2_STATES[kind]))
+    assert caught.value.field == "packing.settings.lengths"
+    assert (caught.value.saved, caught.value.current) == ("68557434d0735f9b", _legacy_digest(changed))
+    assert sampler.state_dict() == before  # the blake2b digest was only in force while loading
+
+
+def _legacy_digest(lengths):
+    from stateful_sampler.order.lengths import legacy_lengths_digest
+
+    return legacy_lengths_digest(np.array(lengths))[:16]
+
+
+def test_a_version_3_state_relabelled_version_2_is_refused_naming_the_lengths():
+    _, state = _saved("whole")
+    state["packing"]["version"] = 2
+    with pytest.raises(IncompatibleStateError) as caught:
+        _make("whole").load_state_dict(state)
+    assert caught.value.field == "packing.settings.lengths"
 
 
 @pytest.mark.parametrize(("kind", "name", "value"), [("split", "seq_len", 48), ("budget", "max_tokens", 300)])
@@ -145,7 +214,7 @@ def test_the_settings_are_hashed_whatever_order_a_serialiser_keeps_their_keys_in
         (lambda packing: packing.update(settings=[1, 2]), "packing.settings"),
         (lambda packing: packing["settings"].update(lengths="0" * 16), "packing.settings.lengths"),
         (lambda packing: packing.pop("settings"), "packing"),
-        (lambda packing: packing.update(version=3), "packing.version"),
+        (lambda packing: packing.update(version=4), "packing.version"),
         (lambda packing: packing.update(version=1), "packing"),  # a version 1 anchor has no settings
     ],
 )

@@ -73,6 +73,7 @@ _ONE = np.int64(1)
 _ALL = np.int64(-1)
 _EXPONENT = np.int64(52)
 _BIAS = np.int64(1023)
+_BIT_COUNT = getattr(np, "bitwise_count", None)  # NumPy >= 2.0
 
 
 def bin_counts(windows: np.ndarray, capacity: int, *, padded: bool = False) -> np.ndarray:
@@ -90,12 +91,11 @@ def bin_counts(windows: np.ndarray, capacity: int, *, padded: bool = False) -> n
         return np.array([len(pack_window(row, capacity)) for row in windows], dtype=np.int64)
     # lengths are at most capacity: int32 when it fits (half the memory traffic of the lock-step's reads)
     narrow = windows.astype(np.int32 if capacity < (1 << 31) else np.int64, copy=False)
-    longest_first = np.sort(narrow, axis=1)[:, ::-1]  # np.sort copies: the caller's array is left as it is
     if padded:
-        return _padded_counts(longest_first, capacity)
+        return _padded_counts(np.sort(narrow, axis=1)[:, ::-1], capacity)  # np.sort copies: the caller's is kept
     per_batch = max(1, _TABLE_CELLS // capacity)
     return np.concatenate(
-        [_best_fit_counts(longest_first[at : at + per_batch], capacity) for at in range(0, len(windows), per_batch)]
+        [_best_fit_counts(narrow[at : at + per_batch], capacity) for at in range(0, len(windows), per_batch)]
     )
 
 
@@ -116,10 +116,13 @@ def _padded_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
 
 
 def _ctz(words: np.ndarray) -> np.ndarray:
-    """The lowest set bit of each (nonzero) int64 word: that bit alone is a power of two, exact as a float64,
-    whose exponent is the bit (NumPy 1.24 has no bit count)."""
+    """The lowest set bit of each (nonzero) int64 word: the count of the ones below it (NumPy 2's bit count), or,
+    before NumPy 2, the exponent of that bit alone, a power of two and so exact as a float64."""
     low = np.negative(words)
     low &= words
+    if _BIT_COUNT is not None:
+        low -= _ONE
+        return _BIT_COUNT(low)  # type: ignore[no-any-return]
     exponent = low.view(np.uint64).astype(np.float64).view(np.int64)
     exponent >>= _EXPONENT
     exponent -= _BIAS
@@ -144,27 +147,32 @@ def _reach(words: int) -> int:
     return (1 << (words - 1).bit_length()) - 1
 
 
-def _best_fit_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
-    """The unpadded bin count of each row, by best fit in lock-step over the rows.
+def _best_fit_counts(windows: np.ndarray, capacity: int) -> np.ndarray:
+    """The unpadded bin count of each row of ``windows`` (lengths in any order), by best fit in lock-step.
 
     A record longer than ``capacity // 2`` finds every open bin's room below it (the bin's first record is at
-    least as long), so those records open one bin each and only put their rooms in; the rest take one step each.
-    Rows are ordered by how many such records they have, so the rows still packing at a step are a prefix. A
-    row's bins are its rooms at the end (a full bin's room is 0), the always-present room ``capacity`` aside."""
-    count, width = longest_first.shape
-    alone = longest_first > capacity // 2
+    least as long), so those records open one bin each and only put their rooms in; the rest, longest first, take
+    one step each. Their lengths are laid out step by step (row t: every window's t-th such record), so a step
+    reads a slice, and windows are ordered by how many such records they have, so the windows still packing at a
+    step are a prefix. A window's bins are its rooms at the end (a full bin's room is 0), the always-present room
+    ``capacity`` aside."""
+    count, width = windows.shape
+    alone = windows > capacity // 2
     singles = alone.sum(axis=1)
     order = np.argsort(singles, kind="stable")
-    longest_first, alone, singles = longest_first[order], alone[order], singles[order]
+    singles = singles[order]
     left = width - singles
     steps = int(left[0])
     if not steps:  # every record alone (capacity 1, or every record longer than half of it)
         return singles.astype(np.int64)[np.argsort(order)]
+    rest = np.where(alone, 0, windows)[order]  # the records alone as 0: sorted last, never read
+    rest.sort(axis=1)
+    needs = np.ascontiguousarray(rest[:, ::-1][:, :steps].T, dtype=np.int64)
     values = capacity + 1
     new_bin = width + 1  # the count of room ``capacity``: more than the bins a row can open
     table = np.zeros((count, values), dtype=np.uint16 if new_bin < (1 << 16) else np.int64)  # rooms of a value
-    rows, columns = np.nonzero(alone)
-    np.add.at(table, (rows, capacity - longest_first[rows, columns]), 1)
+    rows, columns = np.nonzero(alone[order])
+    np.add.at(table, (rows, capacity - windows[order[rows], columns]), 1)
     table[:, capacity] = new_bin
     widths = _level_widths(capacity)
     present = table > 0
@@ -177,47 +185,43 @@ def _best_fit_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
         present = packed != 0
     reaches = [_reach(level_width) for level_width in widths]
     rooms = table.reshape(-1)
-    records = np.ascontiguousarray(longest_first).reshape(-1)
-    first_step = np.arange(count, dtype=np.int64) * width + singles  # each row's first record that is not alone
     live_at = np.searchsorted(-left, -np.arange(steps), side="left")  # rows with more than t records to place
     bases = [np.arange(count, dtype=np.int64) * level_width for level_width in widths]
     room_base = np.arange(count, dtype=np.int64) * values
     top, top_words = len(widths) - 1, levels[-1]
     for step in range(steps):
         live = int(live_at[step])
-        need = records[first_step[:live] + step].astype(np.int64)
+        need = needs[step, :live]
         tops = top_words[:live]  # one word a row: a slice, no gather
         # up: at each level the word holding p_d, its bits from p_d on
         position = need
-        cells, words, masked = [], [], []
+        quotients, masked = [], []
         for depth in range(top):
             quotient = position >> 6
-            cell = bases[depth][:live] + quotient
-            word = levels[depth][cell]
-            cells.append(cell)
-            words.append(word)
-            masked.append(word & (_ALL << (position & 63)))
+            word = levels[depth][bases[depth][:live] + quotient]
+            word &= _ALL << (position & 63)
+            quotients.append(quotient)
+            masked.append(word)
             position = quotient + 1
-        room = bit = _ctz(tops & (_ALL << position))
-        word = tops
+        index = _ctz(tops & (_ALL << position))
+        word, bit = tops, index  # top == 0: the room is the top word's bit, and ``word`` the top words themselves
         # down from the top: the lowest level with a hit holds the answer; below it, each word's lowest bit. Above
         # that level the words may be empty (a room below p_d's word), their "lowest bit" garbage: masked to a
         # word index in bounds, read, and discarded where the level below hits
         for depth in range(top - 1, -1, -1):
             hit = masked[depth] != 0
-            base = bases[depth][:live]
-            other = base + (room & reaches[depth])
-            other_word = levels[depth][other]
-            cell = np.where(hit, cells[depth], other)
-            word = np.where(hit, words[depth], other_word)
-            bit = _ctz(np.where(hit, masked[depth], other_word))
-            room = ((cell - base) << 6) + bit
+            quotient = np.where(hit, quotients[depth], index & reaches[depth])
+            cell = bases[depth][:live] + quotient
+            word = levels[depth][cell]
+            bit = _ctz(np.where(hit, masked[depth], word))
+            index = (quotient << 6) + bit
+        room = index
         # one room ``room`` out: a bit goes when its count does, a word's bit above when the word empties
         at = room_base[:live] + room
         kept = rooms[at] - 1
         rooms[at] = kept
         cleared = kept == 0
-        word ^= (_ONE << bit) * cleared  # top == 0: ``word`` is the slice of the top words itself
+        word ^= np.left_shift(cleared, bit, dtype=np.int64)
         if top:
             levels[0][cell] = word
             value = room >> 6
@@ -225,11 +229,11 @@ def _best_fit_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
                 cleared &= word == 0
                 at = bases[depth][:live] + (value >> 6)
                 word = levels[depth][at]
-                word ^= (_ONE << (value & 63)) * cleared
+                word ^= np.left_shift(cleared, value & 63, dtype=np.int64)
                 levels[depth][at] = word
                 value >>= 6
             cleared &= word == 0
-            tops ^= (_ONE << value) * cleared
+            tops ^= np.left_shift(cleared, value, dtype=np.int64)
         # room - need in
         value = room - need
         rooms[room_base[:live] + value] += 1

@@ -25,13 +25,14 @@ from __future__ import annotations
 import copy
 import json
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from stateful_sampler.errors import IncompatibleStateError
-from stateful_sampler.order.lengths import MAX_TOKENS, lengths_digest
+from stateful_sampler.order.lengths import MAX_TOKENS, legacy_lengths_digest, lengths_digest
 from stateful_sampler.order.packing import bin_counts, pack_window
 from stateful_sampler.order.strategy import PassOrder, SavedOrder, Strategy, Uniform, check_length
 from stateful_sampler.order.windows import PassWindows, WindowCache, WindowStarts
@@ -85,6 +86,7 @@ class RowOrder(Strategy):
         self.passes_vary = not split or strategy is not None  # a strategy's passes may draw other tokens
         self.tokens = int(lengths.sum(dtype=np.int64))
         self.digest = lengths_digest(lengths)  # of the values: what a state records as its lengths
+        self._legacy_digest: str | None = None
         self._passes: OrderedDict[int, PassRows] = OrderedDict()
         self._saved_rows: dict[int, int] = {}  # a continuation's saved pass: its row count in the saved run
         self._resumed: tuple[Any, RowOrder | None] | None = None  # the last continuation built, by its state
@@ -162,6 +164,23 @@ class RowOrder(Strategy):
         if self.drawn is None:
             return identity  # the fingerprint of the orders saved before strategies could be packed
         return (*identity, *strategy_setting(self.drawn))
+
+    @contextmanager
+    def hashed_as_before(self, legacy: bool) -> Iterator[None]:
+        """While in force (``legacy``), ``digest``, and with it the fingerprint, is the blake2b digest that states
+        saved before packing anchor version 3 recorded: paid (once) only to load such a state."""
+        if not legacy:
+            yield
+            return
+        if self._legacy_digest is None:
+            self._legacy_digest = legacy_lengths_digest(self.lengths)
+        digest, self.digest = self.digest, self._legacy_digest
+        self.__dict__.pop("_fingerprint", None)
+        try:
+            yield
+        finally:
+            self.digest = digest
+            self.__dict__.pop("_fingerprint", None)
 
     def draws(self, pass_index: int) -> tuple[int, PassOrder | None]:
         """Pass ``pass_index``'s draws: how many, and the records at its positions (``None``: the uniform

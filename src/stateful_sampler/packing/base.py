@@ -27,19 +27,29 @@ from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.grouped import Grouped
 from stateful_sampler.order.layout import MAX_EPOCH
 from stateful_sampler.order.length_grouped import LengthGrouped
-from stateful_sampler.order.lengths import MAX_TOKENS, lengths_digest, refuse_longer, token_lengths
+from stateful_sampler.order.lengths import (
+    MAX_TOKENS,
+    legacy_lengths_digest,
+    lengths_digest,
+    refuse_longer,
+    token_lengths,
+)
 from stateful_sampler.order.rows import PassRows, RowOrder, strategy_setting
 from stateful_sampler.order.strategy import SavedOrder, Strategy, Uniform
 from stateful_sampler.sampler import StatefulSampler
 from stateful_sampler.state import SamplerState
 
 # 2 (0.3.0) added ``settings``, so that a resume with another seq_len, window or lengths names the setting;
-# version 1 anchors (0.2.0) still load: without settings, a change is refused by the strategy's fingerprint.
-PACKING_VERSION = 2
+# 3 hashes the lengths by a fold at memory speed (``lengths.lengths_digest``) instead of blake2b over them all.
+# Version 1 anchors (0.2.0) and 2 still load, their lengths hashed the old way; without settings (1), a change
+# is refused by the strategy's fingerprint.
+PACKING_VERSION = 3
 _FIELDS = {
     1: ("version", "pass", "window", "start", "rows", "check"),
     2: ("version", "pass", "window", "start", "rows", "settings", "check"),
+    3: ("version", "pass", "window", "start", "rows", "settings", "check"),
 }
+_BLAKE2B_LENGTHS = (1, 2)  # anchor versions whose lengths digest (and so fingerprint) is blake2b's
 _IDENTITY = ("size", "seed", "strategy", "strategy_fingerprint")
 
 DEFAULT_WINDOW = 4096  # shuffle positions per window: the unit of packing and of a resume's cost
@@ -171,6 +181,12 @@ class RowSampler(StatefulSampler):
             )
         state = dict(state)
         packing = state.pop("packing", "<missing>")
+        legacy = isinstance(packing, Mapping) and packing.get("version") in _BLAKE2B_LENGTHS
+        with self.strategy.hashed_as_before(legacy):
+            self._load_checked(state, packing)
+
+    def _load_checked(self, state: dict[str, Any], packing: Any) -> None:
+        _refuse_other_fields(packing)
         order = self._continuation(state)
         changed = order is not self.strategy and order.fingerprint() != state.get("strategy_fingerprint")
         self._refuse_changed_settings(packing, state.get("size"), order, changed)
@@ -222,10 +238,10 @@ class RowSampler(StatefulSampler):
 
     def _refuse_changed_settings(self, packing: Any, saved_size: Any, order: RowOrder, changed: bool) -> None:
         """Refuse a state whose rows were packed with other settings, naming the first that changed; an
-        anchor that is no version 2 anchor is left to ``_checked_anchor``, which names what is wrong with it.
+        anchor that is no version 2 or 3 anchor is left to ``_checked_anchor``, which names what is wrong with it.
         ``order``: the order this sampler continues the state with; ``changed``: it continues another one (its
         packed strategy does), over the saved lengths followed by appended ones."""
-        if not isinstance(packing, Mapping) or packing.get("version") != 2:
+        if not isinstance(packing, Mapping) or packing.get("version") not in (2, 3):
             return
         saved = packing.get("settings")
         if not isinstance(saved, Mapping):
@@ -234,7 +250,8 @@ class RowSampler(StatefulSampler):
         if changed:
             lengths = self.strategy.lengths
             if type(saved_size) is int and 0 <= saved_size <= len(lengths):
-                mine["lengths"] = lengths_digest(lengths[:saved_size])[:16]  # the saved records' lengths kept
+                digest = legacy_lengths_digest if packing.get("version") in _BLAKE2B_LENGTHS else lengths_digest
+                mine["lengths"] = digest(lengths[:saved_size])[:16]  # the saved records' lengths kept
             mine = {name: value for name, value in mine.items() if name not in _UNIFORM_SETTINGS}
         for name, value in {**({} if changed else _UNIFORM_SETTINGS), **mine}.items():
             if name in _UNIFORM_SETTINGS:
@@ -325,16 +342,25 @@ def _canonical(value: Any) -> str:
     return json.dumps(dict(value), sort_keys=True) if isinstance(value, Mapping) else str(value)
 
 
+def _refuse_other_fields(packing: Any) -> None:
+    """Refuse an anchor of a known version without exactly that version's fields: checked before the identity,
+    which an anchor's version decides the lengths digest of (a relabelled anchor is named, not its fingerprint)."""
+    if not isinstance(packing, Mapping) or packing.get("version") not in _FIELDS:
+        return
+    version = packing["version"]
+    fields = _FIELDS[version]
+    if type(version) is int and set(packing) != set(fields):
+        raise IncompatibleStateError("packing", sorted(packing), list(fields), f"not a version {version} anchor")
+
+
 def _checked_anchor(packing: Any, word: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The saved anchor, refused unless it is exactly a version 1 or 2 anchor of this order."""
+    """The saved anchor, refused unless it is exactly a version 1, 2 or 3 anchor of this order."""
     if not isinstance(packing, Mapping):
         raise IncompatibleStateError("packing", packing, "the anchor a row sampler's state_dict() saves")
     version = packing.get("version", "<missing>")
     if type(version) is not int or version not in _FIELDS:
         raise IncompatibleStateError("packing.version", version, PACKING_VERSION, "unknown anchor version")
-    fields = _FIELDS[version]
-    if set(packing) != set(fields):
-        raise IncompatibleStateError("packing", sorted(packing), list(fields), f"not a version {version} anchor")
+    _refuse_other_fields(packing)
     for name in ("pass", "window", "start"):
         if type(packing[name]) is not int or packing[name] < 0:
             raise IncompatibleStateError(f"packing.{name}", packing[name], "a non-negative int")
