@@ -19,7 +19,17 @@ from hypothesis import strategies as st
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.loader import ResumableLoader
 from stateful_sampler.stream import MixedStream, PackedStream, ShardedStream
-from tests.stream.test_packed_stream import COUNTS, CountingShards, TokenShards, tokens
+from tests.stream.test_packed_stream import (
+    COUNTS,
+    RESIZES,
+    CountingShards,
+    TokenShards,
+    any_resize,
+    assert_exact_resume_at_every_step,
+    assert_twin_goes_on_as_the_live_one,
+    resized_plans,
+    tokens,
+)
 from tests.stream.test_packed_stream import packed as packed_sharded
 
 STREAMED = sum(COUNTS)  # 31 records of the sharded source: indices 0..30
@@ -131,65 +141,22 @@ def test_loader_batches_are_the_rows_and_two_workers_resume_at_zero() -> None:
 def test_twin_restored_from_state_dict_goes_on_as_the_live_one(
     split: bool, schedule: str, stops: list[int], world: int, epoch: int
 ) -> None:
-    def build() -> PackedStream:
-        return packed(world, world - 1, split_records=split, schedule=schedule)
-
-    live = build()
-    live.set_epoch(epoch)
-    iterator = iter(live)
-    taken, ended = 0, False
-    for stop in stops:
-        for _ in range(stop):
-            if next(iterator, None) is None:
-                ended = True  # the pass is over: the live sampler moved on to the next epoch's start
-            else:
-                taken += 1
-        twin = build()
-        twin.load_state_dict(live.state_dict())
-        assert twin.state_dict() == live.state_dict()
-        assert (twin.epoch, len(twin), twin.remaining_length()) == (live.epoch, len(live), live.remaining_length())
-        mirror = build()
-        mirror.set_epoch(epoch + 1 if ended else epoch)
-        assert [list(plan) for plan in twin] == [list(plan) for plan in list(mirror)[0 if ended else taken :]]
+    assert_twin_goes_on_as_the_live_one(
+        lambda: packed(world, world - 1, split_records=split, schedule=schedule), stops, epoch
+    )
 
 
 @pytest.mark.parametrize("split", [True, False])
 def test_exact_resume_at_every_step(split: bool) -> None:
-    uninterrupted = [list(plan) for plan in packed(batch=2, split_records=split)]
-    for step in range(len(uninterrupted) // 2 + 1):
-        live = packed(batch=2, split_records=split)
-        seen = [list(plan) for plan in islice(live, 2 * step)]
-        resumed = packed(batch=2, split_records=split)
-        resumed.load_state_dict(live.state_dict(consumed_batches=step))
-        assert seen + [list(plan) for plan in resumed] == uninterrupted
-
-
-def _rank_plans(
-    world: int, batch: int, batches: int | None, state: dict[str, Any] | None, split: bool
-) -> list[list[Any]]:
-    """Each rank's plans of ``batches`` batches (None: to the end of the epoch), ranks simulated in one process."""
-    plans = []
-    for rank in range(world):
-        rows = packed(world, rank, batch, split_records=split)
-        if state is not None:
-            rows.load_state_dict(state)
-        plans.append(list(rows if batches is None else islice(rows, batches * batch)))
-    return plans
+    assert_exact_resume_at_every_step(packed, split)
 
 
 @pytest.mark.parametrize("split", [True, False])
-@pytest.mark.parametrize(
-    ("world", "batch", "resumed_world", "resumed_batch"), [(4, 1, 3, 1), (3, 1, 4, 1), (2, 2, 2, 1)]
-)
+@pytest.mark.parametrize(("world", "batch", "resumed_world", "resumed_batch"), RESIZES)
 def test_elastic_resume_delivers_every_unconsumed_token_once(
     split: bool, world: int, batch: int, resumed_world: int, resumed_batch: int
 ) -> None:
-    before = _rank_plans(world, batch, 2, None, split)
-    saver = packed(world, 0, batch, split_records=split)
-    list(islice(saver, 2 * batch))
-    state = saver.state_dict(consumed_batches=2)
-    after = _rank_plans(resumed_world, resumed_batch, None, state, split)
-    assert len({len(plans) for plans in after}) == 1  # equal steps on every rank
+    before, after, saver = resized_plans(packed, split, world, batch, resumed_world, resumed_batch)
     assert sum((real_tokens(plans) for plans in before + after), Counter()) == drawn_tokens()
     padding = [plan for plans in after for plan in plans if plan.is_padding]
     rows = saver.rows_in_epoch()
@@ -198,25 +165,11 @@ def test_elastic_resume_delivers_every_unconsumed_token_once(
 
 
 @settings(max_examples=15, deadline=None)
-@given(
-    split=st.booleans(),
-    world=st.integers(1, 5),
-    batch=st.integers(1, 3),
-    resumed_world=st.integers(1, 5),
-    resumed_batch=st.integers(1, 3),
-    data=st.data(),
-)
+@given(resize=any_resize(), data=st.data())
 def test_any_resize_delivers_every_unconsumed_token_once_with_equal_steps(
-    split: bool, world: int, batch: int, resumed_world: int, resumed_batch: int, data: st.DataObject
+    resize: tuple[bool, int, int, int, int], data: st.DataObject
 ) -> None:
-    steps = -(-packed(world, 0, batch, split_records=split).remaining_length() // batch)
-    stop = data.draw(st.integers(0, steps), label="stop")
-    before = _rank_plans(world, batch, stop, None, split)
-    saver = packed(world, 0, batch, split_records=split)
-    list(islice(saver, stop * batch))
-    state = saver.state_dict(consumed_batches=stop)
-    after = _rank_plans(resumed_world, resumed_batch, None, state, split)
-    assert len({len(plans) for plans in after}) == 1
+    before, after, _ = resized_plans(packed, *resize, stop_in=data)
     assert sum((real_tokens(plans) for plans in before + after), Counter()) == drawn_tokens()
 
 

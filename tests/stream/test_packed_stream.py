@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -110,7 +110,13 @@ def test_loader_gives_packed_dataset_batches() -> None:
 def test_twin_restored_from_state_dict_goes_on_as_the_live_one(
     split: bool, stops: list[int], world: int, epoch: int
 ) -> None:
-    live = packed(world, world - 1, split_records=split)
+    assert_twin_goes_on_as_the_live_one(lambda: packed(world, world - 1, split_records=split), stops, epoch)
+
+
+def assert_twin_goes_on_as_the_live_one(build: Callable[[], PackedStream], stops: list[int], epoch: int) -> None:
+    """The twin property: after each of ``stops`` more rows of ``build()``'s epoch ``epoch``, a twin restored from
+    the live one's state has its state, epoch and lengths, and yields the rest of the uninterrupted rows."""
+    live = build()
     live.set_epoch(epoch)
     iterator = iter(live)
     taken, ended = 0, False
@@ -120,36 +126,36 @@ def test_twin_restored_from_state_dict_goes_on_as_the_live_one(
                 ended = True  # the pass is over: the live sampler moved on to the next epoch's start
             else:
                 taken += 1
-        twin = packed(world, world - 1, split_records=split)
+        twin = build()
         twin.load_state_dict(live.state_dict())
         assert twin.state_dict() == live.state_dict()
         assert (twin.epoch, len(twin), twin.remaining_length()) == (live.epoch, len(live), live.remaining_length())
-        ahead = packed(world, world - 1, split_records=split)
-        ahead.load_state_dict(live.state_dict())
-        rest = list(ahead)
-        mirror = packed(world, world - 1, split_records=split)
+        mirror = build()
         mirror.set_epoch(epoch + 1 if ended else epoch)
-        assert [list(plan) for plan in rest] == [list(plan) for plan in list(mirror)[0 if ended else taken :]]
+        assert [list(plan) for plan in twin] == [list(plan) for plan in list(mirror)[0 if ended else taken :]]
 
 
-@pytest.mark.parametrize("split", [True, False])
-def test_exact_resume_at_every_step(split: bool) -> None:
-    uninterrupted = [list(plan) for plan in packed(batch=2, split_records=split)]
+def assert_exact_resume_at_every_step(build: Callable[..., PackedStream], split: bool) -> None:
+    """``build(world, rank, batch, split_records=)``'s rows, saved after every step of the epoch and resumed, are
+    the uninterrupted run's (one rank, 2 rows a batch). Shared with the packed mixed stream's tests."""
+    uninterrupted = [list(plan) for plan in build(batch=2, split_records=split)]
     for step in range(len(uninterrupted) // 2 + 1):
-        live = packed(batch=2, split_records=split)
+        live = build(batch=2, split_records=split)
         seen = [list(plan) for plan in islice(live, 2 * step)]
-        resumed = packed(batch=2, split_records=split)
+        resumed = build(batch=2, split_records=split)
         resumed.load_state_dict(live.state_dict(consumed_batches=step))
         assert seen + [list(plan) for plan in resumed] == uninterrupted
 
 
-def _rank_plans(
-    world: int, batch: int, batches: int | None, state: dict[str, Any] | None, split: bool
-) -> list[list[Any]]:
-    """Each rank's plans of ``batches`` batches (None: to the end of the epoch), ranks simulated in one process."""
+def rank_plans(
+    build: Callable[..., PackedStream], world: int, batch: int, batches: int | None, state: dict[str, Any] | None,
+    split: bool,
+) -> list[list[Any]]:  # fmt: skip
+    """Each rank's plans of ``batches`` batches (None: to the end of the epoch) of ``build``'s rows, ranks simulated
+    in one process, resumed from ``state`` if given."""
     plans = []
     for rank in range(world):
-        rows = packed(world, rank, batch, split_records=split)
+        rows = build(world, rank, batch, split_records=split)
         if state is not None:
             rows.load_state_dict(state)
         plans.append(list(rows if batches is None else islice(rows, batches * batch)))
@@ -157,18 +163,43 @@ def _rank_plans(
 
 
 @pytest.mark.parametrize("split", [True, False])
-@pytest.mark.parametrize(
-    ("world", "batch", "resumed_world", "resumed_batch"), [(4, 1, 3, 1), (3, 1, 4, 1), (2, 2, 2, 1)]
-)
+def test_exact_resume_at_every_step(split: bool) -> None:
+    assert_exact_resume_at_every_step(packed, split)
+
+
+def any_resize() -> st.SearchStrategy[tuple[bool, int, int, int, int]]:
+    """(split, world, batch, resumed world, resumed batch): any topology before and after, 1-5 ranks, 1-3 rows."""
+    return st.tuples(st.booleans(), st.integers(1, 5), st.integers(1, 3), st.integers(1, 5), st.integers(1, 3))
+
+
+RESIZES = [(4, 1, 3, 1), (3, 1, 4, 1), (2, 2, 2, 1)]  # (world, batch) before and after: W 4->3, 3->4, half batch
+
+
+def resized_plans(
+    build: Callable[..., PackedStream], split: bool, world: int, batch: int, resumed_world: int, resumed_batch: int,
+    stop: int = 2, stop_in: st.DataObject | None = None,
+) -> tuple[list[list[Any]], list[list[Any]], PackedStream]:  # fmt: skip
+    """Every rank's plans of ``stop`` steps at (``world``, ``batch``), then every rank's to the epoch's end resumed
+    at (``resumed_world``, ``resumed_batch``) from rank 0's state, and the saving rank; the resumed ranks' steps equal.
+    ``stop_in``: draw ``stop`` there, from 0 to the epoch's steps."""
+    if stop_in is not None:
+        steps = -(-build(world, 0, batch, split_records=split).remaining_length() // batch)
+        stop = stop_in.draw(st.integers(0, steps), label="stop")
+    before = rank_plans(build, world, batch, stop, None, split)
+    saver = build(world, 0, batch, split_records=split)
+    list(islice(saver, stop * batch))
+    state = saver.state_dict(consumed_batches=stop)
+    after = rank_plans(build, resumed_world, resumed_batch, None, state, split)
+    assert len({len(plans) for plans in after}) == 1  # equal steps on every rank
+    return before, after, saver
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize(("world", "batch", "resumed_world", "resumed_batch"), RESIZES)
 def test_elastic_resume_delivers_every_unconsumed_token_once(
     split: bool, world: int, batch: int, resumed_world: int, resumed_batch: int
 ) -> None:
-    before = _rank_plans(world, batch, 2, None, split)
-    saver = packed(world, 0, batch, split_records=split)
-    list(islice(saver, 2 * batch))
-    state = saver.state_dict(consumed_batches=2)
-    after = _rank_plans(resumed_world, resumed_batch, None, state, split)
-    assert len({len(plans) for plans in after}) == 1  # equal steps on every rank
+    before, after, saver = resized_plans(packed, split, world, batch, resumed_world, resumed_batch)
     delivered = sum((real_tokens(saver, plans) for plans in before + after), Counter())
     assert delivered == ALL_TOKENS  # every token exactly once: nothing lost, nothing twice
     padding = [plan for plans in after for plan in plans if plan.is_padding]
@@ -308,24 +339,11 @@ def test_padding_rows_even_out_the_ranks_and_teach_nothing() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    split=st.booleans(),
-    world=st.integers(1, 5),
-    batch=st.integers(1, 3),
-    resumed_world=st.integers(1, 5),
-    resumed_batch=st.integers(1, 3),
-    data=st.data(),
-)
+@given(resize=any_resize(), data=st.data())
 def test_any_resize_delivers_every_unconsumed_token_once_with_equal_steps(
-    split: bool, world: int, batch: int, resumed_world: int, resumed_batch: int, data: st.DataObject
+    resize: tuple[bool, int, int, int, int], data: st.DataObject
 ) -> None:
-    steps = -(-packed(world, 0, batch, split_records=split).remaining_length() // batch)
-    stop = data.draw(st.integers(0, steps), label="stop")
-    before = _rank_plans(world, batch, stop, None, split)
-    saver = packed(world, 0, batch, split_records=split)
-    list(islice(saver, stop * batch))
-    after = _rank_plans(resumed_world, resumed_batch, None, saver.state_dict(consumed_batches=stop), split)
-    assert len({len(plans) for plans in after}) == 1
+    before, after, saver = resized_plans(packed, *resize, stop_in=data)
     assert sum((real_tokens(saver, plans) for plans in before + after), Counter()) == ALL_TOKENS
 
 
