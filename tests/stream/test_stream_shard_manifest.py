@@ -114,3 +114,13 @@ def test_a_shard_cache_keeps_its_own_manifest(tmp_path: Path) -> None:
     cache = ShardCache(ParquetReader(), tmp_path / "cache", max_bytes=1 << 20)
     with pytest.raises(ValueError, match="shard_manifest: ShardCache keeps a manifest of its own"):
         ShardedStream(shards, cache, batch_size=2, shard_manifest=tmp_path / "manifest.json")
+
+
+def test_a_manifest_that_cannot_be_written_is_warned_about_and_the_stream_reads_its_shards(tmp_path: Path) -> None:
+    shards = parquet_shards(tmp_path / "shards")
+    (tmp_path / "a-file").write_text("")
+    unwritable = tmp_path / "a-file" / "manifest.json"  # its folder is a file: no process can write it
+    with pytest.warns(RuntimeWarning, match=r"shard_manifest: could not write .*a-file/manifest.json"):
+        stream = ShardedStream(shards, ParquetReader(), batch_size=4, seed=3, shard_manifest=unwritable)
+    reference = ShardedStream(shards, ParquetReader(), batch_size=4, seed=3)
+    assert loop_batches(stream, 0) == loop_batches(reference, 0) and stream.state_dict() == reference.state_dict()

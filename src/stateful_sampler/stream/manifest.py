@@ -11,7 +11,8 @@ and the tar index already take (``ShardCache``, ``TarReader``). A reader's own s
 ``checksums``) are joined to what the manifest keeps in each process, so a changed setting changes the identity.
 
 The file is a cache: one missing, unreadable or of another reader is read again from the shards and written
-anew (atomically; processes building at once each write a whole file). Whoever may write it decides the
+anew (atomically; processes building at once each write a whole file); one that cannot be written is warned
+about (``RuntimeWarning``), and the stream goes on with what it read. Whoever may write it decides the
 counts a run trusts: keep it where only the jobs' own user writes.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +81,15 @@ class ShardManifest:
             else:  # a reader's own identity, asked as the stream would ask it
                 identities.append(identify(shard))
         if changed:
-            self._write(kind, kept)
+            try:
+                self._write(kind, kept)
+            except OSError as error:  # a cache: this start read the shards, so its counts and identities hold
+                warnings.warn(
+                    f"shard_manifest: could not write {str(self.path)!r} ({error}); this start read its shards, "
+                    "and every start will until the file can be written",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         return Known(counts, None if identify is None else identities)
 
     def _read(self, kind: str) -> dict[str, dict[str, Any]]:
