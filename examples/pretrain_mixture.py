@@ -154,7 +154,7 @@ def train(root: Path) -> None:
     record_weights(model)  # for `stateful-sampler verify -- python examples/pretrain_mixture.py --root {run_dir}`
     print(f"trained {step} steps of {BATCH} rows of {SEQ_LEN} tokens; each corpus's share of the draws:")
     first = packed_rows(root, changed=False).stream.mixture
-    continued = rows.strategy.drawn.shuffle.stream.mixture  # the changed mixture, as the rows continued it
+    continued = rows.mixture  # the changed mixture, as the rows continued it
     print(audit_segments(first, continued, until=(EPOCHS, 0)).table(), flush=True)
 
 

@@ -338,3 +338,16 @@ def test_a_removed_source_or_one_built_to_refuse_is_refused_by_name() -> None:
     refusing = PackedStream(make_mixed(weights=(1, 2, 3)), 16, batch_size=2, num_replicas=1, rank=0, window=8)
     with pytest.raises(IncompatibleStateError, match="'mixture'"):
         refusing.load_state_dict(state)
+
+
+def test_mixture_is_the_one_the_rows_continue_after_a_load_and_none_over_a_sharded_stream() -> None:
+    live = continuing()
+    list(islice(live, 6))
+    resumed = continuing(changed=True)
+    assert resumed.mixture is resumed.stream.mixture
+    resumed.load_state_dict(live.state_dict(consumed_batches=3))
+    assert resumed.mixture is not None and resumed.mixture is not resumed.stream.mixture
+    splice = resumed.state_dict()["strategy_state"]["splice"]
+    assert resumed.mixture.weights_at(0, splice).tolist() == resumed.stream.mixture.weights_at(0, 0).tolist()
+    assert resumed.mixture.weights_at(0, 0).tolist() == live.mixture.weights_at(0, 0).tolist() + [0.0]
+    assert packed_sharded().mixture is None

@@ -367,6 +367,24 @@ class PackedStream(PackedRows):
             self.packed_dataset, sampler=self, batch_size=batch_size, collate_fn=self.packed_dataset.collate, **kwargs
         )
 
+    @property
+    def mixture(self) -> Mixture | None:
+        """The mixture the rows draw from now: a ``MixedStream``'s, as a ``load_state_dict`` under
+        ``on_change="continue"`` continued it (the segments ``audit.mixture.audit_segments`` reads), which
+        ``self.stream`` does not hold; None over a ``ShardedStream``.
+
+        Example:
+            >>> books = [{"input_ids": [1] * n} for n in (3, 5, 2, 7)]
+            >>> code = [{"input_ids": [2] * n} for n in (4, 1, 6)]
+            >>> mixed = MixedStream([books, code], [3, 1], batch_size=1, num_samples=8)
+            >>> PackedStream(mixed, 8, batch_size=1, num_replicas=1, rank=0).mixture.weights_at(0, 0).tolist()
+            [0.75, 0.25]
+        """
+        order = self.strategy.drawn
+        if isinstance(order, StreamOrder) and isinstance(order.shuffle, MixedDraws):
+            return order.shuffle.stream.mixture
+        return None
+
     def extra_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """The row anchor, and the source stream's identity (``stream``), which a resume checks first."""
         return {**super().extra_state(state), "stream": {"version": PACKED_STREAM_VERSION, "source": self.source}}
