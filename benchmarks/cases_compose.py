@@ -4,8 +4,8 @@
   of a 10^9-draw epoch and yields its first batch of 256, for a mixture resumed as it was saved (three schedule
   changes at (epoch, position) keys before the state), for a mixture changed at the resume (``on_change="continue"``,
   other weights and a source appended), for a later state of that changed run, and for sources of 5-15 records,
-  each ~10^7 passes deep (a batch spans a source-epoch a draw). Each system is a *builder*
-  (``BUILDERS``): MixedStream's row joins as one more builder.
+  each ~10^7 passes deep (a batch spans a source-epoch a draw); and a ``MixedStream`` of as many
+  ``ShardedStream``s, beside one of them resumed alone. Each system is a *builder* (``BUILDERS``).
 - state sizes: the sampler's whole state with a ``Mixture`` of 1 and 100 sources after 10 changes at resumes, and
   ``PackedRows`` over a ``Mixture`` (split and whole rows).
 
@@ -89,9 +89,49 @@ def mixture_resumes(sources: int, small: bool) -> dict[str, Resume]:
     }
 
 
-# The systems of the resume figure. MixedStream's figure: add "MixedStream": a builder of MixedStreams over
-# ``sources`` ShardedStreams (its resumes, by name), and its rows sit beside Mixture's.
-BUILDERS: dict[str, Builder] = {"Mixture": mixture_resumes}
+class MemoryShards:
+    """A reader of shards held in memory (row r of shard s is ``(s, r)``), with ``read_rows``: the reads cost
+    next to nothing, so a stream's figure is what its order and its reads' bookkeeping cost."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def count(self, shard: str) -> int:
+        return self.rows
+
+    def read(self, shard: str, start: int, stop: int) -> list[tuple[str, int]]:
+        return [(shard, row) for row in range(start, stop)]
+
+    def read_rows(self, shard: str, rows: Any) -> list[tuple[str, int]]:
+        return [(shard, row) for row in np.asarray(rows).tolist()]
+
+
+MIXED_REFERENCE = "one ShardedStream of a source's shards (the reference)"
+
+
+def mixed_stream_resumes(sources: int, small: bool) -> dict[str, Resume]:
+    """A ``MixedStream`` of ``sources`` ``ShardedStream``s (16 shards of 10^4 records each, window 8; ``small``: 4
+    shards of 10^3) at weights 1 .. sources, saved mid-epoch of 10^9 draws, and beside it one of its sources alone
+    resumed mid-epoch: issue 26 bounds the mixed stream's resume by twice that one stream's."""
+    from stateful_sampler.stream import MixedStream, ShardedStream
+
+    shards, rows = (4, 10**3) if small else (16, 10**4)
+
+    def source(index: int) -> ShardedStream:
+        names = [f"{index}-{shard}" for shard in range(shards)]
+        return ShardedStream(names, MemoryShards(rows), batch_size=BATCH, window=8, seed=index)
+
+    streams = [source(index) for index in range(sources)]
+    weights = list(range(1, sources + 1))
+    mixed = lambda: MixedStream(streams, weights, batch_size=BATCH, num_samples=EPOCH)
+    return {
+        "MixedStream, as saved": Resume(mixed, mixed().state_at(0, SAVED_AT)),
+        MIXED_REFERENCE: Resume(lambda: source(0), source(0).state_at(3, shards * rows // 2 + rows // 3)),
+    }
+
+
+# The systems of the resume figure, each a builder of its resumes by name; their rows sit side by side.
+BUILDERS: dict[str, Builder] = {"Mixture": mixture_resumes, "MixedStream": mixed_stream_resumes}
 
 
 def resume_cost(builder: Builder, sources: int, repeats: int, small: bool = False) -> dict[str, Any]:
@@ -178,6 +218,10 @@ def figure(mode: Mode, run_case: Any, figures: Any) -> None:
                 if system == "Mixture" and sources == 1000:
                     figures.checks.append(Check(f"Mixture of 1000 sources, {variant}: resume ≤ 10 ms", f"{ms:.2f} ms",
                                                 ms <= 10))  # fmt: skip
+            if system == "MixedStream" and sources == 100:
+                ratio = result["ms"]["MixedStream, as saved"] / result["ms"][MIXED_REFERENCE]
+                figures.checks.append(Check("MixedStream of 100 sources: resume ≤ 2× one ShardedStream's",
+                                            f"{ratio:.1f}×", ratio <= 2))  # fmt: skip
     name = "compose: state size (pickled, as torch.save writes it; JSON in the note)"
     for sources in (1, 100):
         size = run("mixture_state", sources=sources, changes=10)
