@@ -262,10 +262,13 @@ REFUSED = {
     **{("map-style", o, "token-budget", "half-batch"): _HALF_BUDGET for o in ORDERS},
 }  # fmt: skip
 # The batchings a source does not have, refused when they are built, with the exact error: the library has no
-# token-budget batching of a stream (TokenBudgetBatches takes lengths; a stream given for them is refused).
-UNBUILT = {
-    ("stream", "token-budget"): (TypeError, "lengths must hold integer token counts, got dict {'input_ids': ["),
-}
+# token-budget batching of a stream (TokenBudgetBatches takes lengths; a stream given for them is refused before
+# any record of it is read, pointing at PackedStream).
+_NOT_LENGTHS = (
+    "Stream, a stream of records, not their token counts: pack a stream with stateful_sampler.stream.PackedStream "
+    "(a token budget over a stream is not built)"
+)
+UNBUILT = {("stream", "token-budget"): (TypeError, _NOT_LENGTHS)}
 CELLS = [(s, o, b) for s in SOURCES for o in ORDERS for b in BATCHINGS if (s, b) not in UNBUILT]
 SAME = [cell for cell in CELLS if (*cell, "same") not in REFUSED]
 ELASTIC = [(*cell, t) for cell in CELLS for t in TOPOLOGIES if (*cell, t) not in REFUSED]

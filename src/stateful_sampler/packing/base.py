@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping
 from numbers import Integral
 from typing import Any
 
+from torch.utils.data import IterableDataset
+
 from stateful_sampler.checks import check_int
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.keys import SampleKey
@@ -99,6 +101,11 @@ def row_order(
     advice ``longer``; ``None``: every record fits, as split or truncated rows), the seed and the window. The
     caller checks its flags (``split``, ``padded``, ``truncate``) first: written once, so the two samplers
     refuse the same bad value with the same error."""
+    if isinstance(lengths, IterableDataset):  # refused before a record of it is read
+        raise TypeError(
+            f"lengths: got a {type(lengths).__name__}, a stream of records, not their token counts: pack a stream "
+            f"with stateful_sampler.stream.PackedStream (a token budget over a stream is not built)"
+        )
     array = token_lengths(lengths)
     capacity = check_int(budget_name, budget, minimum=1, maximum=MAX_TOKENS)
     if longer is not None:
