@@ -178,24 +178,36 @@ class MixedStream(ShardedStream):
         draws (``PackedStream`` packs it), the same records ``epoch_records`` reads there. ``orders``: a dict
         the caller keeps between calls, holding each source-epoch's order so that its set-up is paid once."""
         orders = {} if orders is None else orders
-        positions = np.asarray(positions, dtype=np.int64)
+        runs, inside = self._draw_runs(epoch, np.asarray(positions, dtype=np.int64))
+        indices = np.empty(len(inside), dtype=np.int64)
+        for source, source_epoch, at in runs:
+            order = orders.get((source, source_epoch))
+            if order is None:
+                stream = self.sources[source]
+                if isinstance(stream, ShardedStream):
+                    order = stream.order.epoch(source_epoch).records
+                else:
+                    order = self._map_permutation(source, source_epoch)
+                orders[(source, source_epoch)] = order
+            indices[at] = self.offsets[source] + order(inside[at])
+        return indices
+
+    def _draw_runs(self, epoch: int, positions: np.ndarray) -> tuple[list[tuple[int, int, np.ndarray]], np.ndarray]:
+        """The draws at ``positions`` of ``epoch`` grouped by the (source, source-epoch) they fall in, each group
+        with its slots in ``positions`` (in first-seen order), and every draw's place in its source-epoch."""
         sources, draws = self.mixture.locate(epoch, positions)
         source_epochs, inside = np.divmod(draws, self.mixture.sizes[sources])
-        indices = np.empty(len(positions), dtype=np.int64)
-        for source in np.unique(sources).tolist():
-            stream = self.sources[source]
-            for source_epoch in np.unique(source_epochs[sources == source]).tolist():
-                at = np.flatnonzero((sources == source) & (source_epochs == source_epoch))
-                order = orders.get((source, source_epoch))
-                if order is None:
-                    if isinstance(stream, ShardedStream):
-                        order = stream.order.epoch(source_epoch).records
-                    else:
-                        seed = derive_seed(Domain.PERMUTATION, self.seed, _TAG, source)
-                        order = FeistelPermutation(len(stream), seed, source_epoch)
-                    orders[(source, source_epoch)] = order
-                indices[at] = self.offsets[source] + order(inside[at])
-        return indices
+        slots_of: dict[tuple[int, int], list[int]] = {}
+        for slot, key in enumerate(zip(sources.tolist(), source_epochs.tolist())):
+            slots_of.setdefault(key, []).append(slot)
+        runs = [(source, source_epoch, np.array(at, dtype=np.int64)) for (source, source_epoch), at in slots_of.items()]
+        return runs, inside
+
+    def _map_permutation(self, source: int, source_epoch: int) -> FeistelPermutation:
+        """The order of map-style source ``source`` in its epoch ``source_epoch``: a seeded permutation of its
+        records, its own for each source and source-epoch."""
+        seed = derive_seed(Domain.PERMUTATION, self.seed, _TAG, source)
+        return FeistelPermutation(len(self.sources[source]), seed, source_epoch)
 
     # -- state
 
@@ -281,14 +293,9 @@ class _Reading:
         """The records at epoch positions, with their indices in the sources concatenated; ``alone``: read on their
         own where a source's reader reads rows (a pass's first batch), not with their window's pieces."""
         stream = self.stream
-        sources, draws = stream.mixture.locate(epoch, positions)
-        source_epochs, inside = np.divmod(draws, stream.mixture.sizes[sources])
+        runs, inside = stream._draw_runs(epoch, positions)
         out: list[Any] = [None] * len(positions)
         indices = np.empty(len(positions), dtype=np.int64)
-        slots_of: dict[tuple[int, int], list[int]] = {}  # the positions of each (source, source-epoch) together
-        for slot, key in enumerate(zip(sources.tolist(), source_epochs.tolist())):
-            slots_of.setdefault(key, []).append(slot)
-        runs = [(source, source_epoch, np.array(at, dtype=np.int64)) for (source, source_epoch), at in slots_of.items()]
         located: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         if alone:  # every stream source that reads rows located at once: a source's epoch set up alone costs more
             wanted = [i for i, (source, _, _) in enumerate(runs) if _reads_rows(stream.sources[source])]
@@ -313,8 +320,7 @@ class _Reading:
             key = (source, source_epoch)
             permutation = self.permutations.get(key)
             if permutation is None:
-                seed = derive_seed(Domain.PERMUTATION, self.stream.seed, _TAG, source)
-                permutation = self.permutations[key] = FeistelPermutation(len(stream), seed, source_epoch)
+                permutation = self.permutations[key] = self.stream._map_permutation(source, source_epoch)
             index = permutation(inside)
             return [stream[i] for i in index.tolist()], index
         records: list[Any]
