@@ -8,7 +8,7 @@ once, nothing consumed again, in equal steps on every rank. The cells that are n
 ``REFUSED`` with the exact error they raise, and a batching a source does not have in ``UNBUILT``. One real SIGKILL
 (slow) covers the map-style row's four batchings at once: run in lockstep with 2 workers by ``matrix_kill_run.py``,
 killed mid-epoch, resumed with 0 workers. The stream row's real SIGKILLs are its pieces' (tests/stream:
-``MixedStream`` fixed batches, ``PackedStream`` split rows) and examples/pretrain_mixture.py's (packed rows of a
+``MixedStream`` fixed batches, ``PackedStream`` split and whole-record rows) and examples/pretrain_mixture.py's (packed rows of a
 ``MixedStream`` with a schedule change, under verify: tests/docs/test_examples.py).
 
 A *source* builds what a cell runs: ``MapStyle``, a ``StatefulSampler`` or a packed sampler over a strategy of

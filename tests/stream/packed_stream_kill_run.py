@@ -1,9 +1,9 @@
 """A loop over a ``PackedStream`` of parquet shards through ``ResumableLoader``, run as its own process by the kill test.
 
-``python -m tests.stream.packed_stream_kill_run SHARDS ROOT --workers N [--kill-after K]``: writes the parquet shards
+``python -m tests.stream.packed_stream_kill_run SHARDS ROOT --workers N [--kill-after K] [--whole]``: writes the parquet shards
 to SHARDS when they are missing, appends each consumed batch's ``input_ids`` to ROOT/record.jsonl (flushed), saves the
 loader's state after every step and loads it when it exists; ``--kill-after K`` SIGKILLs the process, workers and all,
-right after step K's checkpoint.
+right after step K's checkpoint; ``--whole`` packs whole records (``split_records=False``) instead of splitting them.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ def write_shards(folder: Path) -> list[str]:
     return names
 
 
-def train(shards: Path, root: Path, workers: int, kill_after: int | None = None) -> None:
+def train(shards: Path, root: Path, workers: int, kill_after: int | None = None, whole: bool = False) -> None:
     """The loop, appending to ROOT/record.jsonl; the test runs an uninterrupted one in its own process."""
     stream = ShardedStream(write_shards(shards), ParquetReader(), batch_size=3, window=2, seed=3)
-    packed = PackedStream(stream, SEQ_LEN, batch_size=BATCH, window=8)
+    packed = PackedStream(stream, SEQ_LEN, batch_size=BATCH, window=8, split_records=not whole)
     loader = ResumableLoader(packed.loader(num_workers=workers))
     checkpoint = root / "checkpoint.pt"
     if checkpoint.exists():
@@ -67,8 +67,9 @@ def main() -> None:
     parser.add_argument("root", type=Path)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--kill-after", type=int)
+    parser.add_argument("--whole", action="store_true")
     args = parser.parse_args()
-    train(args.shards, args.root, args.workers, args.kill_after)
+    train(args.shards, args.root, args.workers, args.kill_after, args.whole)
 
 
 if __name__ == "__main__":

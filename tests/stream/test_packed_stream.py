@@ -262,9 +262,10 @@ def test_loader_refuses_a_contradicting_batch_size() -> None:
         packed(batch=2).loader(batch_size=3)
 
 
-def _run_packed(shards: Path, root: Path, workers: int, kill_after: int | None = None) -> int:
+def _run_packed(shards: Path, root: Path, workers: int, kill_after: int | None = None, whole: bool = False) -> int:
     command = [sys.executable, "-m", "tests.stream.packed_stream_kill_run", str(shards), str(root)]
     command += ["--workers", str(workers)] + ([] if kill_after is None else ["--kill-after", str(kill_after)])
+    command += ["--whole"] if whole else []
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, cwd=ROOT, env=environment, timeout=300, capture_output=True, check=False).returncode
 
@@ -273,19 +274,26 @@ def _recorded(root: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (root / "record.jsonl").read_text().splitlines()]
 
 
+# Split rows: 132 tokens an epoch are 9 rows of 16, 5 batches of 2, killed in epoch 1 at batch 2 of 5. Whole records
+# (best fit in windows of 8) fill 11 rows in epoch 0 and 9 in epoch 1 (6 and 5 batches), killed at batch 2 of 5 too.
 @pytest.mark.slow
-def test_a_packed_parquet_stream_killed_with_two_workers_resumes_exactly_at_zero(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("whole", "epochs", "kill_after"), [(False, [5, 5], 7), (True, [6, 5], 8)], ids=["split", "whole"]
+)
+def test_a_packed_parquet_stream_killed_with_two_workers_resumes_exactly_at_zero(
+    tmp_path: Path, whole: bool, epochs: list[int], kill_after: int
+) -> None:
     pytest.importorskip("pyarrow")
     from tests.stream.packed_stream_kill_run import train
 
-    shards, whole, cut = tmp_path / "shards", tmp_path / "whole", tmp_path / "cut"
-    whole.mkdir(), cut.mkdir()
-    train(shards, whole, workers=0)  # uninterrupted, in this process
-    expected = _recorded(whole)
-    assert len(expected) == 10  # 2 epochs of 5 batches (132 tokens: 9 rows of 16 an epoch, batches of 2)
-    assert _run_packed(shards, cut, workers=2, kill_after=7) == -9  # epoch 1, batch 2 of 5
-    assert len(_recorded(cut)) == 7
-    assert _run_packed(shards, cut, workers=0) == 0
+    shards, uninterrupted, cut = tmp_path / "shards", tmp_path / "whole", tmp_path / "cut"
+    uninterrupted.mkdir(), cut.mkdir()
+    train(shards, uninterrupted, workers=0, whole=whole)  # uninterrupted, in this process
+    expected = _recorded(uninterrupted)
+    assert [sum(1 for batch in expected if batch["epoch"] == epoch) for epoch in (0, 1)] == epochs
+    assert _run_packed(shards, cut, workers=2, kill_after=kill_after, whole=whole) == -9
+    assert len(_recorded(cut)) == kill_after
+    assert _run_packed(shards, cut, workers=0, whole=whole) == 0
     assert _recorded(cut) == expected
 
 
