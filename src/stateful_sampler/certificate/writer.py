@@ -60,8 +60,6 @@ class CertificateWriter:
         self.prefix = Path(prefix)
         self._sampler: Any = None  # the StatefulSampler or ShardedStream followed
         self._records: PassRecords | None = None
-        if order is not None:
-            self._follow(order)
         self._layout: EpochLayout | None = None  # the pass under way's, from where it began
         self._block: tuple[int, int, bytes] | None = None  # local start, stop, the keys' bytes
         self._per_batch = 1  # records per batch of the pass under way
@@ -77,6 +75,8 @@ class CertificateWriter:
         self._position: tuple[int, int] = (0, 0)  # (epoch, position) after the last step written
         self._pending_resume: dict[str, Any] | None = None
         self._warned = False
+        if order is not None:  # last: it sets the fields that say how the order is followed
+            self._follow(order)
 
     # -- the core's hooks
 
