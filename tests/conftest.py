@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import os
+import resource
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -57,3 +60,58 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     tests = Counter(item.path for item in items)
     items.sort(key=lambda item: (longest.get(item.path, len(LONGEST)), -slow[item.path], -tests[item.path]))
+
+
+# `--cpu-report N`: the N tests that cost the most CPU (their own process's and their children's: the subprocesses
+# a slow test launches), and each file's total. `--durations` gives wall times, which on 2 shared cores say more
+# about what ran beside a test than about the test; the CPU is what the suite's time is made of.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cpu-report", type=int, default=0, metavar="N", help="show the N tests that cost most CPU")
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Each phase's CPU on its report (``user_properties`` travel from an xdist worker to the controller)."""
+    outcome = yield
+    if item.config.getoption("--cpu-report"):
+        report = outcome.get_result()
+        started = item.stash.get(_PHASE_STARTED, None)
+        if started is not None:
+            report.user_properties.append(("cpu_seconds", _cpu_seconds() - started))
+        item.stash[_PHASE_STARTED] = _cpu_seconds()  # the next phase begins now
+
+
+_PHASE_STARTED = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    item.stash[_PHASE_STARTED] = _cpu_seconds()
+    yield
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    count = config.getoption("--cpu-report")
+    if not count:
+        return
+    by_test: Counter[str] = Counter()
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for name, value in getattr(report, "user_properties", ()):
+                if name == "cpu_seconds":
+                    by_test[report.nodeid] += value
+    by_file: Counter[str] = Counter()
+    for nodeid, seconds in by_test.items():
+        by_file[nodeid.split("::")[0]] += seconds
+    write = terminalreporter.write_line
+    terminalreporter.section(f"CPU seconds: {sum(by_test.values()):.0f} in all, the {count} costliest tests")
+    for nodeid, seconds in by_test.most_common(count):
+        write(f"{seconds:8.1f}  {nodeid}")
+    terminalreporter.section("CPU seconds by file")
+    for path, seconds in by_file.most_common():
+        write(f"{seconds:8.1f}  {path}")
