@@ -1,7 +1,8 @@
 """A training loop over a ``ShardedStream`` through one integration, run as its own process by the kill tests.
 
-``python -m tests.stream.stream_kill_run FRAMEWORK ROOT --workers N [--kill-after K] [--reader FORMAT --shards DIR]``
-(``--reader``: a format reader of tests/stream_readers.py on the shards in DIR), FRAMEWORK one of plain
+``python -m tests.stream.stream_kill_run FRAMEWORK ROOT --workers N [--kill-after K] [--reader FORMAT --shards DIR]
+[--mixed]`` (``--reader``: a format reader of tests/stream_readers.py on the shards in DIR; ``--mixed``: the same
+shards as a ``MixedStream`` of two ``ShardedStream``s at weights 2:1), FRAMEWORK one of plain
 (``ResumableLoader``), fabric (``setup_dataloader`` and ``fabric.save``) or accelerate
 (``prepare_loader`` and ``accelerator.save_state``); ``verify`` is a script for ``stateful-sampler verify
 -- COMMAND`` (a model, a checkpoint every 5 steps, ``record_weights`` at the end). Each consumed batch (record ids and the seeded
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from stateful_sampler.loader import ResumableLoader
-from stateful_sampler.stream import SeededTransform, ShardedStream
+from stateful_sampler.stream import MixedStream, SeededTransform, ShardedStream
 from tests.stream_helpers import Rows
 
 COUNTS, BATCH, EPOCHS = [7, 5, 0, 9, 4, 6], 3, 2  # 31 records: 11 batches an epoch
@@ -32,7 +33,13 @@ def augment(record: int, rng: Any) -> torch.Tensor:
     return torch.tensor([float(record), float(torch.rand(1, generator=rng.torch))], dtype=torch.float64)
 
 
-def make_stream(reader: str | None = None, shards: Path | None = None) -> ShardedStream:
+def make_stream(reader: str | None = None, shards: Path | None = None, mixed: bool = False) -> Any:
+    if mixed:  # shards 0-2 and 3-5 as two sources (built without ranks: the mixture carries the ranks and batching)
+        sources = [
+            ShardedStream([str(i) for i in group], Rows(COUNTS), batch_size=BATCH, window=2, seed=5)
+            for group in ((0, 1, 2), (3, 4, 5))
+        ]
+        return MixedStream(sources, [2, 1], batch_size=BATCH, seed=5, transform=SeededTransform(augment))
     if reader is not None and shards is not None:  # a format reader's shards (tests/stream_readers.py)
         from tests.stream_readers import FORMATS, IdAugment
 
@@ -43,7 +50,7 @@ def make_stream(reader: str | None = None, shards: Path | None = None) -> Sharde
                          transform=SeededTransform(augment))  # fmt: skip
 
 
-def plain(stream: ShardedStream, workers: int, checkpoint: Path) -> tuple[ResumableLoader, Any, Any]:
+def plain(stream: Any, workers: int, checkpoint: Path) -> tuple[ResumableLoader, Any, Any]:
     loader = ResumableLoader(stream.loader(num_workers=workers))
     if checkpoint.exists():
         loader.load_state_dict(torch.load(checkpoint)["loader"])
@@ -55,7 +62,7 @@ def plain(stream: ShardedStream, workers: int, checkpoint: Path) -> tuple[Resuma
     return loader, save, None
 
 
-def fabric(stream: ShardedStream, workers: int, checkpoint: Path) -> tuple[ResumableLoader, Any, Any]:
+def fabric(stream: Any, workers: int, checkpoint: Path) -> tuple[ResumableLoader, Any, Any]:
     from lightning.fabric import Fabric
 
     from stateful_sampler.fabric import setup_dataloader
@@ -68,7 +75,7 @@ def fabric(stream: ShardedStream, workers: int, checkpoint: Path) -> tuple[Resum
     return loader, lambda: runner.save(checkpoint, {"loader": loader}), runner
 
 
-def accelerate(stream: ShardedStream, workers: int, checkpoint: Path) -> tuple[ResumableLoader, Any, Any]:
+def accelerate(stream: Any, workers: int, checkpoint: Path) -> tuple[ResumableLoader, Any, Any]:
     from accelerate import Accelerator
 
     from stateful_sampler.accelerate import prepare_loader
@@ -115,11 +122,11 @@ def verified(root: Path) -> None:
 
 
 def train(framework: str, root: Path, workers: int, kill_after: int | None = None, reader: str | None = None,
-          shards: Path | None = None) -> None:  # fmt: skip
+          shards: Path | None = None, mixed: bool = False) -> None:  # fmt: skip
     """The loop, appending to ROOT/record.jsonl; the tests run an uninterrupted ``plain`` one in their process."""
     checkpoint = root / "checkpoint"
     loader, save, _runner = {"plain": plain, "fabric": fabric, "accelerate": accelerate}[framework](
-        make_stream(reader, shards), workers, checkpoint
+        make_stream(reader, shards, mixed), workers, checkpoint
     )
     steps = 0
     with (root / "record.jsonl").open("a") as record:
@@ -142,11 +149,12 @@ def main() -> None:
     parser.add_argument("--kill-after", type=int)
     parser.add_argument("--reader", help="a format of tests/stream_readers.py, reading the shards in --shards")
     parser.add_argument("--shards", type=Path)
+    parser.add_argument("--mixed", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(1234)  # must not matter: order and augmentation never come from the global RNG
     if args.framework == "verify":
         return verified(args.root)
-    train(args.framework, args.root, args.workers, args.kill_after, args.reader, args.shards)
+    train(args.framework, args.root, args.workers, args.kill_after, args.reader, args.shards, args.mixed)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``ShardedStream`` under ResumableLoader, Fabric and Accelerate, as ``StatefulSampler`` is: one line each,
 exact after a SIGKILL mid-epoch (with 2 workers, resumed in a new process), and refused where the
-loader's batching contradicts the stream's."""
+loader's batching contradicts the stream's. A ``MixedStream`` of two ``ShardedStream``s goes through Fabric and
+Accelerate the same way."""
 
 from __future__ import annotations
 
@@ -49,11 +50,12 @@ def test_resumable_loader_refuses_a_dataloader_batch_size_that_contradicts_the_s
         ResumableLoader(DataLoader(stream, batch_size=4))
 
 
-def run(framework: str, root: Path, workers: int, kill_after: int | None = None) -> int:
+def run(framework: str, root: Path, workers: int, kill_after: int | None = None, mixed: bool = False) -> int:
     # as a module from the repository root: run as a file, tests/ would shadow the lightning package
     command = [sys.executable, "-m", "tests.stream.stream_kill_run", framework, str(root), "--workers", str(workers)]
     if kill_after is not None:
         command += ["--kill-after", str(kill_after)]
+    command += ["--mixed"] if mixed else []
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, cwd=ROOT, env=environment, timeout=300, capture_output=True, check=False).returncode
 
@@ -62,31 +64,37 @@ def records(root: Path) -> list[dict]:
     return [json.loads(line) for line in (root / "record.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def uninterrupted(root: Path, mixed: bool) -> list[dict]:
     """The loop's records at 0 workers through ResumableLoader, in this process: what every integration's
     run must deliver (each only wraps the stream's loader)."""
     from tests.stream.stream_kill_run import train
 
-    whole = tmp_path_factory.mktemp("whole")
-    train("plain", whole, workers=0)
-    return records(whole)
+    train("plain", root, workers=0, mixed=mixed)
+    return records(root)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework", ["plain", "fabric", "accelerate"])
+@pytest.mark.parametrize(
+    ("framework", "mixed"),
+    [("plain", False), ("fabric", False), ("accelerate", False), ("fabric", True), ("accelerate", True)],
+    ids=["plain", "fabric", "accelerate", "fabric-mixed", "accelerate-mixed"],
+)
 def test_a_stream_run_killed_mid_epoch_resumes_exactly_with_2_workers(
-    framework: str, uninterrupted: list[dict], tmp_path: Path
+    framework: str, mixed: bool, tmp_path: Path
 ) -> None:
     if framework != "plain":
         pytest.importorskip({"fabric": "lightning.fabric", "accelerate": "accelerate"}[framework])
-    cut = tmp_path / "cut"
-    cut.mkdir()
-    assert run(framework, cut, workers=2, kill_after=15) == -9  # epoch 1, batch 4 of 11
+    cut, whole = tmp_path / "cut", tmp_path / "whole"
+    cut.mkdir(), whole.mkdir()
+    assert run(framework, cut, workers=2, kill_after=15, mixed=mixed) == -9  # epoch 1, batch 4 of 11
     assert len(records(cut)) == 15
-    assert run(framework, cut, workers=2) == 0
-    expected = uninterrupted
-    assert len(expected) == 22 and len({batch[0][1] for record in expected for batch in [record["batch"]]}) == 22
+    assert run(framework, cut, workers=2, mixed=mixed) == 0
+    expected = uninterrupted(whole, mixed)
+    # each batch's first record with its augmentation: one draw per (epoch, record), a record the mixture draws twice
+    # in an epoch augmented alike (SeededTransform seeds from the seed, the epoch and the record)
+    firsts = {(record["epoch"], record["batch"][0][0], record["batch"][0][1]) for record in expected}
+    assert len(expected) == 22 and len({noise for *_, noise in firsts}) == len({first[:2] for first in firsts})
+    assert len(firsts) == (20 if mixed else 22)
     assert records(cut) == expected  # every batch, its records and their augmentation
 
 
