@@ -77,3 +77,46 @@ def test_a_killed_and_resumed_fit_certifies_the_uninterrupted_data(tmp_path: Pat
     assert broken_records == read_run(plain).steps[0].records() != plain_records
     assert f"  plain.cert: step 3, epoch 0, positions [12, 16), world size 1: records {plain_records}" in lines
     assert f"  broken.cert: step 3, epoch 0, positions [0, 4), world size 1: records {broken_records}" in lines
+
+
+@pytest.mark.slow
+def test_a_fit_over_a_stream_stopped_and_resumed_certifies_the_uninterrupted_data(tmp_path: Path) -> None:
+    """``SamplerCheckpoint`` over a ``ShardedStream`` (the README's ``LightningDataModule``), in this process: each
+    step's records are the stream's global records the step trained on, and a fit stopped by ``max_steps`` mid-epoch
+    and exactly at an epoch's end, then resumed from ``last.ckpt``, certifies the uninterrupted fit's data."""
+    import json
+
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from stateful_sampler.certificate import record_certificate, stop_certificate
+    from stateful_sampler.lightning import SamplerCheckpoint
+    from tests.stream.stream_lightning_fit import Recording, StreamData
+    from tests.stream.stream_lightning_run import COUNTS
+
+    def fit(root: Path, max_steps: int, ckpt_path: str | None = None) -> None:
+        trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, max_steps=max_steps, logger=False,
+                          callbacks=[SamplerCheckpoint(), ModelCheckpoint(root, save_last=True, every_n_train_steps=1)],
+                          enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        trainer.fit(Recording(root), StreamData(workers=0), ckpt_path=ckpt_path)
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir(), cut.mkdir()
+    try:
+        record_certificate(whole / "run.cert")
+        fit(whole, max_steps=-1)
+        stop_certificate()
+        record_certificate(cut / "run.cert")
+        for stop in (7, 20):  # mid-epoch, and exactly at the end of epoch 0
+            fit(cut, max_steps=stop, ckpt_path=str(cut / "last.ckpt") if stop > 7 else None)
+        fit(cut, max_steps=-1, ckpt_path=str(cut / "last.ckpt"))
+    finally:
+        stop_certificate()
+    uninterrupted = read_run(whole / "run.cert")
+    trained = [json.loads(line)["ids"] for line in (whole / "rank0.jsonl").read_text().splitlines()]
+    # the certificate names a record by its place in the shards concatenated; the fit's ids are 100 * shard + row
+    ids = [100 * shard + row for shard, count in enumerate(COUNTS) for row in range(count)]
+    assert len(uninterrupted.steps) == len(trained) == 40
+    assert [[ids[record] for record in step.records()] for step in uninterrupted.steps] == trained
+    comparison = compare(uninterrupted, read_run(cut / "run.cert"))
+    assert (comparison.code, comparison.rule) == (0, "step by step"), comparison.report()

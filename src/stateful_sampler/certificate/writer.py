@@ -58,6 +58,12 @@ class CertificateWriter:
 
     def __init__(self, prefix: str | os.PathLike[str], order: StatefulSampler | None = None) -> None:
         self.prefix = Path(prefix)
+        self._given = order
+        self._file: FileAppend | None = None
+        self._begin()
+
+    def _begin(self) -> None:
+        """The state of a writer that has written nothing in this process yet."""
         self._sampler: Any = None  # the StatefulSampler or ShardedStream followed
         self._records: PassRecords | None = None
         self._layout: EpochLayout | None = None  # the pass under way's, from where it began
@@ -68,15 +74,14 @@ class CertificateWriter:
         self._pending: list[int] = []  # steps of the sampler's pass under way counted, not yet written (their counts)
         self._batched = False  # the order followed is a StatefulSampler: its steps are written a block at a time
         self._stream_pass: tuple[int, int] = (-1, 0)  # a stream's pass under way: its epoch and origin
-        self._file: FileAppend | None = None
         self._capacity = 1
         self._next_step = 0
         self._digest = ZERO_DIGEST
         self._position: tuple[int, int] = (0, 0)  # (epoch, position) after the last step written
         self._pending_resume: dict[str, Any] | None = None
         self._warned = False
-        if order is not None:  # last: it sets the fields that say how the order is followed
-            self._follow(order)
+        if self._given is not None:  # last: it sets the fields that say how the order is followed
+            self._follow(self._given)
 
     # -- the core's hooks
 
@@ -101,10 +106,16 @@ class CertificateWriter:
             else:
                 self._stream_step(order, consumed, loader)
 
-    def trained(self, order: StatefulSampler) -> None:
-        """One step of ``order``'s pass that a loop without a ``ResumableLoader`` (Lightning's) trained on."""
-        if order is self._sampler or self._sampler is None:
+    def trained(self, order: Any) -> None:
+        """One step of ``order``'s pass (a ``StatefulSampler`` or a ``ShardedStream``) that a loop without a
+        ``ResumableLoader`` (Lightning's) trained on: its count in the pass is this writer's own."""
+        if order is not self._sampler and self._sampler is not None:
+            return
+        if isinstance(order, StatefulSampler):
             self._step(order, self._consumed + 1 if order.pass_layout is self._layout else 1, order)
+        elif _followable(order):
+            same_pass = self._stream_pass == (order.epoch, order.position)
+            self._stream_step(order, self._consumed + 1 if same_pass else 1, order)
 
     def state_taken(self, loader: Any, consumed: int) -> None:
         """A checkpoint is being taken: record where, so that a process restarted without restoring the
@@ -127,6 +138,13 @@ class CertificateWriter:
             self._flush()
             self._file.close()
             self._file = None
+
+    def end_segment(self) -> None:
+        """The fit that wrote the last steps is over (Lightning's teardown): the next step, of a later fit in this
+        process over loaders of its own, opens a segment as a new process would, placed by where its order
+        starts (a resume from a checkpoint supersedes the steps after it)."""
+        self.close()
+        self._begin()
 
     # -- the pieces
 
