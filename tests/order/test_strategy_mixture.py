@@ -19,6 +19,7 @@ from stateful_sampler.order.mixing import Domain, derive_seed
 from stateful_sampler.order.mixture import Mixture
 from stateful_sampler.order.quota import _earliest_deadline_first, _inside_windows
 from stateful_sampler.order.ragged import RaggedPermutation
+from stateful_sampler.stream import MixedStream
 from tests.helpers import json_round_trip
 from tests.strategy_resume_checks import loader_resume, sigkilled_run
 
@@ -247,8 +248,13 @@ def test_bad_arguments_are_refused_naming_the_argument(arguments: tuple[Any, ...
 def test_num_samples_is_required_and_positive_and_the_sizes_must_add_up_to_n() -> None:
     with pytest.raises(TypeError, match="num_samples"):
         Mixture([3, 4], [1, 1])  # type: ignore[call-arg]
-    with pytest.raises(ValueError, match=re.escape("num_samples must be at least 1, got 0")):
-        Mixture([3, 4], [1, 1], num_samples=0)
+    for num_samples in (0, 2**62, 2**64):  # an epoch's draws stay positions below 2**62, refused where given
+        with pytest.raises(
+            ValueError, match=re.escape(f"num_samples must be at least 1 and at most {2**62 - 1}, got {num_samples}")
+        ):
+            Mixture([3, 4], [1, 1], num_samples=num_samples)
+        with pytest.raises(ValueError, match=re.escape(f"at most {2**62 - 1}, got {num_samples}")):
+            MixedStream([range(3), range(4)], [1, 1], batch_size=2, num_samples=num_samples)
     with pytest.raises(ValueError, match=re.escape("sizes must add up to the dataset's N = 8, got 7")):
         StatefulSampler(8, strategy=Mixture([3, 4], [1, 1], num_samples=5))
     tensor = Mixture(torch.tensor([3, 4]), torch.tensor([1.0, 3.0]), num_samples=5)

@@ -153,7 +153,12 @@ def test_a_state_from_other_labels_is_refused_naming_the_strategy_fingerprint() 
          ("num_samples applies to mode='balanced' only: a proportional pass is a permutation of all 2 records, "
           "got num_samples=4")),
         (lambda: Stratified([0, 1], mode="balanced", num_samples=0), ValueError,
-         "num_samples must be at least 1, got 0"),
+         f"num_samples must be at least 1 and at most {2**62 - 1}, got 0"),
+        (lambda: Stratified([0, 1], mode="balanced", num_samples=2**64), ValueError,
+         f"num_samples must be at least 1 and at most {2**62 - 1}, got {2**64}"),
+        (lambda: Stratified([0, 1], mode="balanced", num_samples=2**62 - 1), ValueError,
+         (f"num_samples rounded up to a multiple of the 2 classes is {2**62}, at or past 2\\*\\*62 positions a "
+          "pass: give fewer")),
         (lambda: StatefulSampler(3, strategy=Stratified([0, 1])), ValueError,
          "labels must have one entry per record: length 3, got 2"),
     ],

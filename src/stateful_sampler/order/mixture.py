@@ -102,7 +102,8 @@ class Mixture(Strategy):
         total = sum(self.sizes.tolist())  # Python ints: a sum past int64 would wrap to another total
         if total >= MAX_SIZE:
             raise ValueError(f"sizes must add up to fewer than 2**62 records (a dataset's N), got {total}")
-        self.num_samples = check_int("num_samples", num_samples, minimum=1)
+        # an epoch's draws are positions of one stream of 2**62 (the sampler's): refused here, not at the first iter()
+        self.num_samples = check_int("num_samples", num_samples, minimum=1, maximum=MAX_SIZE - 1)
         self.offsets = np.cumsum(self.sizes) - self.sizes
         changes: dict[int, tuple[Any, Any]] = {}  # stream position -> (the key as given, its weights)
         for key, value in dict(schedule or {}).items():

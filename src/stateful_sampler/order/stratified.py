@@ -24,6 +24,7 @@ import numpy as np
 from stateful_sampler.checks import check_choice, check_optional_int
 from stateful_sampler.order.classes import ClassTable
 from stateful_sampler.order.mixing import MASK64, Domain, derive_seed, mix64_array
+from stateful_sampler.order.permutation import MAX_SIZE
 from stateful_sampler.order.strategy import PassOrder, Strategy, check_length, id_array
 
 _TAG = 0x53545254  # "STRT": this module's seeds
@@ -52,7 +53,7 @@ class Stratified(Strategy):
     def __init__(self, labels: Any, *, mode: str = "proportional", num_samples: int | None = None) -> None:
         self.labels = id_array("labels", labels)
         self.mode = check_choice("mode", mode, Mode)
-        num_samples = check_optional_int("num_samples", num_samples, minimum=1)
+        num_samples = check_optional_int("num_samples", num_samples, minimum=1, maximum=MAX_SIZE - 1)
         if num_samples is not None and self.mode is Mode.PROPORTIONAL:
             raise ValueError(
                 f"num_samples applies to mode='balanced' only: a proportional pass is a permutation of all "
@@ -68,6 +69,11 @@ class Stratified(Strategy):
         if self.mode is Mode.BALANCED:
             wanted = classes * int(self._table.sizes.max(initial=0)) if num_samples is None else num_samples
             self.num_samples: int | None = -(-wanted // max(classes, 1)) * classes
+            if self.num_samples >= MAX_SIZE:  # rounded up to whole windows of the classes, past a pass's bound
+                raise ValueError(
+                    f"num_samples rounded up to a multiple of the {classes} classes is {self.num_samples}, at or "
+                    f"past 2**62 positions a pass: give fewer"
+                )
             self._slots: np.ndarray | None = None
         else:
             self.num_samples = None

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from stateful_sampler.checks import check_optional_int
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.keys import SampleKey
 from stateful_sampler.order.mixing import Domain, derive_seed
@@ -112,10 +111,10 @@ class MixedStream(ShardedStream):
             yield_keys=yield_keys, transform=transform,
         )  # fmt: skip
         sizes = [_size_of(source) for source in self.sources]
-        total = check_optional_int("num_samples", num_samples, minimum=1)
-        self.mixture = Mixture(
-            sizes, weights, num_samples=sum(sizes) if total is None else total, schedule=schedule, on_change=on_change
-        )
+        self.mixture = Mixture(  # which checks num_samples
+            sizes, weights, num_samples=sum(sizes) if num_samples is None else num_samples, schedule=schedule,
+            on_change=on_change,
+        )  # fmt: skip
         self.offsets = self.mixture.offsets
         self._checks = [_source_hash(source) for source in self.sources]
 
