@@ -9,6 +9,8 @@ this project's torch): ``benchmarks/stream_peers.py`` is run there once per syst
 
     python -m benchmarks.cases_stream_peers --records 100000
     python -m benchmarks.cases_stream_peers --records 1000000 --resume-only --systems ours litdata mosaic
+
+Each resume runs ``--repeat`` times (3 unless told), a fresh process each; the table gives the medians.
 """
 
 from __future__ import annotations
@@ -62,6 +64,22 @@ def task(system: str, root: Path, records: int, name: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def resume_task(system: str, root: Path, records: int, name: str, repeat: int) -> dict[str, Any]:
+    """The resume ``name`` run ``repeat`` times, a fresh process each (a shared machine's load moves one run's
+    figures): the median time to the first batch, CPU and memory, and the most records repeated or lost."""
+    runs = [task(system, root, records, name) for _ in range(repeat)]
+    failed = next((run for run in runs if "error" in run or "refused" in run), None)
+    if failed is not None:
+        return failed
+    result = {**runs[0], "runs": repeat}
+    for key in ("first_batch_s", "first_batch_cpu_s", "rss_mib"):
+        result[key] = float(np.median([run[key] for run in runs]))
+    for key in ("repeated", "lost"):
+        if key in result:
+            result[key] = max(run[key] for run in runs)
+    return result
+
+
 def kill_mid_epoch(system: str, root: Path, records: int, workers: int) -> dict[str, Any]:
     """Start a training process with ``workers`` workers and SIGKILL its process group (workers
     included) as soon as it reports half an epoch of batches: the kill lands wherever the process
@@ -111,11 +129,15 @@ def _entropy(ordering: np.ndarray) -> float:
 
 
 def run(
-    records: int, systems: tuple[str, ...], resume_only: bool = False, kills: tuple[Any, ...] = KILLS
+    records: int,
+    systems: tuple[str, ...],
+    resume_only: bool = False,
+    kills: tuple[Any, ...] = KILLS,
+    repeat: int = 1,
 ) -> dict[str, dict[str, Any]]:
     """Every system on the same records; ``resume_only``: only the resume cost, from a checkpoint at
     half an epoch (``stream_peers.half_state``), at 0 workers. ``kills``: (workers of the killed run,
-    workers of each resume)."""
+    workers of each resume). ``repeat``: each resume's runs (``resume_task``)."""
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
@@ -142,13 +164,14 @@ def run(
                 continue
             if resume_only:
                 result.update({f"half_{k}": v for k, v in task(system, root, records, "half").items()})
-                result.update({f"resume_{k}": v for k, v in task(system, root, records, "resume-half-0").items()})
+                resumed_half = resume_task(system, root, records, "resume-half-0", repeat)
+                result.update({f"resume_{k}": v for k, v in resumed_half.items()})
             for killed, resumed in () if resume_only else kills:
                 result.update(
                     {f"kill{killed}_{k}": v for k, v in kill_mid_epoch(system, root, records, killed).items()}
                 )
                 for workers in resumed:
-                    resume = task(system, root, records, f"resume-w{killed}-{workers}")
+                    resume = resume_task(system, root, records, f"resume-w{killed}-{workers}", repeat)
                     result.update({f"kill{killed}_to{workers}_{k}": v for k, v in resume.items()})
             results[system] = result
     return results
@@ -159,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument("--resume-only", action="store_true", help="only the resume cost at 0 workers (for 10^6+)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each resume, a fresh process each: the median")
     args = parser.parse_args(argv)
-    results = run(args.records, tuple(args.systems), args.resume_only)
+    results = run(args.records, tuple(args.systems), args.resume_only, repeat=args.repeat)
     for system, result in results.items():
         print(system, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
     from benchmarks.__main__ import markdown
@@ -234,10 +258,15 @@ def rows(results: dict[str, dict[str, Any]], records: int, kills: tuple[Any, ...
                 ]
             )
             for prefix, pairing in pairings:
-                cpu = result.get(f"{prefix}_first_batch_cpu_s")
+                cpu, runs = result.get(f"{prefix}_first_batch_cpu_s"), result.get(f"{prefix}_runs", 1)
+                note = (
+                    ""
+                    if cpu is None
+                    else f"CPU {cpu:.3f} s (this process)" + (f", median of {runs} runs" if runs > 1 else "")
+                )
                 table.append(Row(name, f"resume {pairing}: fresh process to the first batch", system,
                                  result.get(f"{prefix}_first_batch_s"), "s", result.get(f"{prefix}_rss_mib"),
-                                 note="" if cpu is None else f"CPU {cpu:.3f} s (this process)"))  # fmt: skip
+                                 note=note))  # fmt: skip
             prefix = pairings[0][0]
             table.append(Row(name, "state size (pickled)", system, result.get(f"{prefix}_state_bytes"), "B"))
         if resume_only:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -88,3 +90,33 @@ def test_a_shard_that_shrank_is_named_at_the_first_batch(tmp_path: Path, shards:
     stream.load_state_dict(stream.state_dict() | {"position": 1})
     with pytest.raises(ShardReadError, match=r"short\.parquet"):
         next(iter(stream.loader(num_workers=0)))
+
+
+class LoggedRows(ParquetReader):
+    """A ``read_rows`` of the user's own: the first batch reads through it, not through ``read_rows_span``."""
+
+    def read_rows(self, shard: str, rows: object) -> list[dict[str, object]]:
+        self.asked.append(shard)
+        return super().read_rows(shard, rows)  # type: ignore[arg-type]
+
+
+def test_a_read_rows_of_your_own_is_what_the_first_batch_reads(shards: list[str]) -> None:
+    uninterrupted = batches(stream_of(shards, ParquetReader()))
+    reader = LoggedRows()
+    reader.asked = []  # type: ignore[attr-defined]
+    resumed = stream_of(shards, reader)
+    resumed.load_state_dict(resumed.state_dict(consumed_batches=7))
+    first = next(iter(resumed.loader(num_workers=0)))["x"].tolist()
+    assert first == uninterrupted[7]
+    assert sorted(reader.asked) == sorted({shards[record // ROWS] for record in first})  # type: ignore[attr-defined]
+
+
+def test_a_first_batch_over_shards_of_other_schemas_is_built_shard_by_shard(tmp_path: Path, shards: list[str]) -> None:
+    narrow = tmp_path / "narrow.parquet"  # int32 where the other shards hold int64: their spans do not join
+    pq.write_table(pa.table({"x": pa.array(range(ROWS), pa.int32())}), narrow, row_group_size=GROUP)
+    mixed = [str(narrow), *shards[1:]]
+    uninterrupted = batches(stream_of(mixed, ParquetReader(), window=SHARDS))
+    resumed = stream_of(mixed, ParquetReader(), window=SHARDS)
+    resumed.load_state_dict(resumed.state_dict(consumed_batches=1))
+    first = next(iter(resumed.loader(num_workers=0)))["x"].tolist()
+    assert first == uninterrupted[1] and min(first) < ROWS  # a record of the narrow shard among the others

@@ -20,7 +20,14 @@ import numpy as np
 from stateful_sampler.errors import ShardReadError
 from stateful_sampler.extras import missing_extra
 from stateful_sampler.stream.formats import content_identity, digest
-from stateful_sampler.stream.readers import ParquetSpan, ReadStats, ShardMetadata, rows_in_pieces, scans_shard
+from stateful_sampler.stream.readers import (
+    ParquetSpan,
+    ReadStats,
+    ShardMetadata,
+    row_indices,
+    rows_in_pieces,
+    scans_shard,
+)
 from stateful_sampler.stream.remote import is_url, open_shard, stored_identity
 
 _FILE_MAGIC = b"ARROW1"
@@ -133,20 +140,20 @@ class ArrowReader:
         """The records at ``rows``, in that order, from the record batches they lie in alone (a stream's
         batches before the last of them are walked, not copied, in a memory map): a first batch after a
         resume waits for its own records, not for its window's shards."""
+        return self.read_rows_span(shard, rows)[:]
+
+    def read_rows_span(self, shard: str, rows: Sequence[int] | np.ndarray) -> ParquetSpan:
+        """The records of ``read_rows`` as columns, built when taken (the first batch joins its shards' spans)."""
         pa = _pyarrow()
         wanted = np.asarray(rows, dtype=np.int64)
-        if not len(wanted):
-            return []
-        schema, batches = self._batches(shard, max(int(wanted.max()) + 1, 1))
+        schema, batches = self._batches(shard, max(int(wanted.max()) + 1, 1) if len(wanted) else 1)
         pieces, offsets = rows_in_pieces(shard, [batch.num_rows for batch in batches], wanted)
         taken = [batches[piece] for piece in pieces.tolist()]
         table = pa.Table.from_batches(taken, schema=schema)
         if self.columns is not None:
             table = table.select(self.columns)
-        self.stats.opened += 1
-        self.stats.rows += sum(batch.num_rows for batch in taken)
-        self.stats.bytes += sum(batch.nbytes for batch in taken)
-        return ParquetSpan(table, self.stats).records_at(offsets)
+        self.stats.add_read(sum(batch.num_rows for batch in taken), sum(batch.nbytes for batch in taken))
+        return ParquetSpan(table.take(row_indices(offsets)), self.stats)
 
     def _batches(self, shard: str, stop: int | None = None) -> tuple[Any, list[Any]]:
         """(schema, record batches) of the shard, up to the one holding row ``stop - 1`` when given."""

@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from stateful_sampler.order.shards import EpochWindows, distinct
-from stateful_sampler.stream.readers import ShardReader, ShardReadError, rows_reader, span_reader
+from stateful_sampler.stream.readers import ShardReader, ShardReadError, rows_reader, rows_span_reader, span_reader
 
 Spans = dict[int, tuple[int, Sequence[Any]]]  # shard -> (its first row read, the span of its rows)
 Joined = tuple[Sequence[Any], np.ndarray]  # the spans joined, and each shard's base row in the join
 # The most records a worker builds at once: a window's first chunk is one batch (the first batch waits
 # for no more), each next one twice the last, up to this (fewer, larger conversions; bounded memory).
 CHUNK_RECORDS = 1024
+# The threads that read a first batch's shards side by side (``read_rows_span``): its ~100 small reads
+# each wait on storage or decode without the GIL.
+READ_THREADS = 4
 
 
 class WindowGather:
@@ -42,6 +46,7 @@ class WindowGather:
         self.shards = shards
         self.counts = counts
         self.read_rows = rows_reader(reader)  # looked up once: a resume over many sources asks it for each
+        self.read_rows_span = rows_span_reader(reader)
 
     def announce(self, windows: EpochWindows, window: int) -> None:
         """Tell a reader that fetches ahead (``ShardCache``) this window's shards, in the order ``read``
@@ -89,16 +94,18 @@ class WindowGather:
 
     def records_at_rows(self, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
         """The records at (shard, row) read on their own, each shard once (``read_rows``): a pass's first
-        batch, which then waits for its own records only."""
-        read_rows = self.read_rows
+        batch, which then waits for its own records only. A reader with ``read_rows_span`` reads the shards
+        side by side in threads and builds the batch's records in one conversion of their joined spans."""
+        read_rows = self.read_rows_span or self.read_rows
         if read_rows is None:
             raise TypeError(f"{type(self.reader).__name__} has no read_rows(shard, rows): read its window instead")
-        records: list[Any] = [None] * len(rows)
         slots_of: dict[int, list[int]] = {}  # grouped in Python: a batch's rows are few, NumPy calls cost more
         for slot, shard in enumerate(shards.tolist()):
             slots_of.setdefault(shard, []).append(slot)
-        for shard in sorted(slots_of):
-            where = np.array(slots_of[shard], dtype=np.int64)
+        order = sorted(slots_of)
+        wheres = [np.array(slots_of[shard], dtype=np.int64) for shard in order]
+
+        def read(shard: int, where: np.ndarray) -> Sequence[Any]:
             name = self.shards[shard]
             try:
                 found = read_rows(name, rows[where])
@@ -111,7 +118,21 @@ class WindowGather:
                     f"shard {name!r} returned {len(found)} records for {len(where)} rows: it holds fewer than the "
                     f"{self.counts[shard]} records counted at start"
                 )
-            for slot, record in zip(where.tolist(), found):
+            return found
+
+        if self.read_rows_span is None or len(order) < 2:
+            found = [read(shard, where) for shard, where in zip(order, wheres)]
+        else:
+            with ThreadPoolExecutor(min(READ_THREADS, len(order))) as pool:
+                found = list(pool.map(read, order, wheres))
+            spans: Spans = {shard: (0, span) for shard, span in zip(order, found)}
+            joined = join_spans(spans, len(self.shards))
+            if joined is not None:  # row k of the join is slot concatenate(wheres)[k] of the batch
+                slots = np.argsort(np.concatenate(wheres))
+                return self._convert(joined[0], slots, lambda: f"the first batch's shards {self._names(spans)}")
+        records: list[Any] = [None] * len(rows)
+        for where, span in zip(wheres, found):
+            for slot, record in zip(where.tolist(), span[:] if self.read_rows_span is not None else span):
                 records[slot] = record
         return records
 
