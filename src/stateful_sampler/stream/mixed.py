@@ -118,6 +118,7 @@ class MixedStream(ShardedStream):
         )
         self.offsets = self.mixture.offsets
         self._checks = [_source_hash(source) for source in self.sources]
+        self._by_rows = np.array([_reads_rows(source) for source in self.sources])  # read alone in a first batch
 
     @property
     def epoch_size(self) -> int:
@@ -178,9 +179,9 @@ class MixedStream(ShardedStream):
         draws (``PackedStream`` packs it), the same records ``epoch_records`` reads there. ``orders``: a dict
         the caller keeps between calls, holding each source-epoch's order so that its set-up is paid once."""
         orders = {} if orders is None else orders
-        runs, inside = self._draw_runs(epoch, np.asarray(positions, dtype=np.int64))
+        sources, source_epochs, inside = self._draws(epoch, np.asarray(positions, dtype=np.int64))
         indices = np.empty(len(inside), dtype=np.int64)
-        for source, source_epoch, at in runs:
+        for source, source_epoch, at in _runs(sources, source_epochs, np.arange(len(inside))):
             order = orders.get((source, source_epoch))
             if order is None:
                 stream = self.sources[source]
@@ -192,16 +193,11 @@ class MixedStream(ShardedStream):
             indices[at] = self.offsets[source] + order(inside[at])
         return indices
 
-    def _draw_runs(self, epoch: int, positions: np.ndarray) -> tuple[list[tuple[int, int, np.ndarray]], np.ndarray]:
-        """The draws at ``positions`` of ``epoch`` grouped by the (source, source-epoch) they fall in, each group
-        with its slots in ``positions`` (in first-seen order), and every draw's place in its source-epoch."""
+    def _draws(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each draw at ``positions`` of ``epoch``: its source, its source-epoch and its place in that source-epoch."""
         sources, draws = self.mixture.locate(epoch, positions)
         source_epochs, inside = np.divmod(draws, self.mixture.sizes[sources])
-        slots_of: dict[tuple[int, int], list[int]] = {}
-        for slot, key in enumerate(zip(sources.tolist(), source_epochs.tolist())):
-            slots_of.setdefault(key, []).append(slot)
-        runs = [(source, source_epoch, np.array(at, dtype=np.int64)) for (source, source_epoch), at in slots_of.items()]
-        return runs, inside
+        return sources, source_epochs, inside
 
     def _map_permutation(self, source: int, source_epoch: int) -> FeistelPermutation:
         """The order of map-style source ``source`` in its epoch ``source_epoch``: a seeded permutation of its
@@ -293,28 +289,56 @@ class _Reading:
         """The records at epoch positions, with their indices in the sources concatenated; ``alone``: read on their
         own where a source's reader reads rows (a pass's first batch), not with their window's pieces."""
         stream = self.stream
-        runs, inside = stream._draw_runs(epoch, positions)
+        sources, source_epochs, inside = stream._draws(epoch, positions)
         out: list[Any] = [None] * len(positions)
         indices = np.empty(len(positions), dtype=np.int64)
-        located: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        if alone:  # every stream source that reads rows located at once: a source's epoch set up alone costs more
-            wanted = [i for i, (source, _, _) in enumerate(runs) if _reads_rows(stream.sources[source])]
-            orders = [stream.sources[runs[i][0]].order for i in wanted]
-            located = dict(
-                zip(wanted, locate_many(orders, [runs[i][1] for i in wanted], [inside[runs[i][2]] for i in wanted]))
-            )
-        for i, (source, source_epoch, at) in enumerate(runs):
-            found, index = self._source_records(source, source_epoch, inside[at], located.get(i))
+        rest = np.arange(len(positions))
+        if alone:  # the draws of every source that reads rows located and read at once, without their windows
+            by_rows = stream._by_rows[sources]
+            taken, rest = np.flatnonzero(by_rows), np.flatnonzero(~by_rows)
+            if taken.size:
+                indices[taken] = self._records_alone(sources[taken], source_epochs[taken], inside[taken], taken, out)
+        for source, source_epoch, at in _runs(sources[rest], source_epochs[rest], rest):
+            found, index = self._source_records(source, source_epoch, inside[at])
             indices[at] = stream.offsets[source] + index
             for slot, record in zip(at.tolist(), found):
                 out[slot] = record
         return out, indices
 
-    def _source_records(
-        self, source: int, source_epoch: int, inside: np.ndarray, located: tuple[np.ndarray, np.ndarray] | None
-    ) -> tuple[list[Any], np.ndarray]:
-        """Records at positions of a source's source-epoch, and their indices in that source: read on their own when
-        ``located`` gives their (shard, row), else from their window's pieces."""
+    def _records_alone(
+        self, sources: np.ndarray, source_epochs: np.ndarray, inside: np.ndarray, slots: np.ndarray, out: list[Any]
+    ) -> np.ndarray:
+        """Draws of sources that read rows, each at its place in its source-epoch's order, read on their own: one
+        ``locate_many`` for all their source-epochs, one ``records_at_rows`` per source. The records go into
+        ``out`` at ``slots``; returned: their indices in the sources concatenated."""
+        stream = self.stream
+        order = np.lexsort((source_epochs, sources))  # by (source, source-epoch)
+        by_source = sources[order]
+        by_epoch = source_epochs[order]
+        new = np.concatenate(([True], (by_source[1:] != by_source[:-1]) | (by_epoch[1:] != by_epoch[:-1])))
+        groups = np.empty(len(order), dtype=np.int64)
+        groups[order] = np.cumsum(new) - 1
+        heads = order[new]  # a draw of each (source, source-epoch), in that order
+        owners = sources[heads].tolist()
+        shuffles = [stream.sources[source].order for source in owners]
+        shards, rows = locate_many(shuffles, source_epochs[heads].tolist(), groups, inside)
+        offsets = np.concatenate([shuffle.offsets for shuffle in shuffles])
+        shard_base = np.cumsum([0] + [len(shuffle.offsets) for shuffle in shuffles])[:-1]
+        indices = stream.offsets[sources] + offsets[shard_base[groups] + shards] + rows
+        cuts = np.flatnonzero(np.concatenate(([True], by_source[1:] != by_source[:-1], [True])))
+        for begin, end in zip(cuts[:-1].tolist(), cuts[1:].tolist()):  # each source's draws
+            source = stream.sources[int(by_source[begin])]
+            at = order[begin:end]
+            records = source.gather.records_at_rows(shards[at], rows[at])
+            if source.transform is not None:
+                records = [source.transform(record) for record in records]
+            for slot, record in zip(slots[at].tolist(), records):
+                out[slot] = record
+        return indices
+
+    def _source_records(self, source: int, source_epoch: int, inside: np.ndarray) -> tuple[list[Any], np.ndarray]:
+        """Records at positions of a source's source-epoch, and their indices in that source, read from their
+        window's pieces."""
         stream = self.stream.sources[source]
         if not isinstance(stream, ShardedStream):
             key = (source, source_epoch)
@@ -323,20 +347,15 @@ class _Reading:
                 permutation = self.permutations[key] = self.stream._map_permutation(source, source_epoch)
             index = permutation(inside)
             return [stream[i] for i in index.tolist()], index
-        records: list[Any]
-        if located is not None:
-            shards, rows = located
-            records = stream.gather.records_at_rows(shards, rows)
-        else:
-            windows = self._epoch_windows(source, source_epoch)
-            shards, rows = windows.locate(inside)
-            window_of = windows.window_of(inside)
-            records = [None] * len(inside)
-            for window in distinct(window_of).tolist():
-                at = np.flatnonzero(window_of == window)
-                spans = self._pieces(source, windows, window, shards[at], rows[at])
-                for slot, record in zip(at.tolist(), stream.gather.records(spans, None, shards[at], rows[at])):
-                    records[slot] = record
+        windows = self._epoch_windows(source, source_epoch)
+        shards, rows = windows.locate(inside)
+        window_of = windows.window_of(inside)
+        records: list[Any] = [None] * len(inside)
+        for window in distinct(window_of).tolist():
+            at = np.flatnonzero(window_of == window)
+            spans = self._pieces(source, windows, window, shards[at], rows[at])
+            for slot, record in zip(at.tolist(), stream.gather.records(spans, None, shards[at], rows[at])):
+                records[slot] = record
         if stream.transform is not None:
             records = [stream.transform(record) for record in records]
         return records, stream.order.offsets[shards] + rows
@@ -372,6 +391,15 @@ class _Reading:
             bounds = np.stack((starts, stops - 1), axis=1).reshape(-1)
             spans.update(stream.gather.read(np.repeat(unread, 2), bounds, windows.window_shards(window).tolist()))
         return spans
+
+
+def _runs(sources: np.ndarray, source_epochs: np.ndarray, slots: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
+    """The draws grouped by the (source, source-epoch) they fall in, each group with its ``slots`` (in first-seen
+    order)."""
+    slots_of: dict[tuple[int, int], list[int]] = {}
+    for slot, key in zip(slots.tolist(), zip(sources.tolist(), source_epochs.tolist())):
+        slots_of.setdefault(key, []).append(slot)
+    return [(source, source_epoch, np.array(at, dtype=np.int64)) for (source, source_epoch), at in slots_of.items()]
 
 
 def _checked_source(index: int, source: Any) -> Any:
