@@ -228,10 +228,10 @@ class MixedStream(ShardedStream):
         ``on_change="continue"`` the weights and schedule too, or sources appended. A changed, removed or
         reordered source, another seed, tail or epoch length raises ``IncompatibleStateError`` naming it."""
         saved = _checked_state(state)
-        for name in ("seed", "tail", "num_samples"):
-            mine = self.state_at(0, 0)[name]
-            if saved[name] != mine:
-                raise IncompatibleStateError(name, saved[name], mine, "the state belongs to another mixed stream")
+        mine = {"seed": self.seed, "tail": self.tail.value, "num_samples": self.epoch_size}  # as state_at writes them
+        for name, value in mine.items():
+            if saved[name] != value:
+                raise IncompatibleStateError(name, saved[name], value, "the state belongs to another mixed stream")
         self._check_sources(saved)
         if saved["position"] > saved["num_samples"]:
             raise IncompatibleStateError(
