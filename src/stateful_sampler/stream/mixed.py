@@ -107,18 +107,17 @@ class MixedStream(ShardedStream):
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         self.sources = [_checked_source(index, source) for index, source in enumerate(streams)]
+        sizes, self._checks, by_rows = zip(*map(_facts, self.sources))
+        self._by_rows = np.array(by_rows)  # the sources a first batch reads on their own, row by row
         self.init_delivery(
             batch_size=batch_size, seed=seed, tail=tail, num_replicas=num_replicas, rank=rank,
             yield_keys=yield_keys, transform=transform,
         )  # fmt: skip
-        sizes = [_size_of(source) for source in self.sources]
         total = check_optional_int("num_samples", num_samples, minimum=1)
         self.mixture = Mixture(
             sizes, weights, num_samples=sum(sizes) if total is None else total, schedule=schedule, on_change=on_change
         )
         self.offsets = self.mixture.offsets
-        self._checks = [_source_hash(source) for source in self.sources]
-        self._by_rows = np.array([_reads_rows(source) for source in self.sources])  # read alone in a first batch
 
     @property
     def epoch_size(self) -> int:
@@ -150,10 +149,11 @@ class MixedStream(ShardedStream):
     def _delivered(
         self, epoch: int, layout: StreamLayout, slots: np.ndarray, reading: _Reading, alone: bool
     ) -> list[Any]:
-        records, indices = reading.records(epoch, layout.positions(slots), alone)
         transform = self.transform
         takes_key = getattr(transform, "takes_key", False)
-        if not (self.yield_keys or takes_key):
+        keyed = self.yield_keys or takes_key
+        records, indices = reading.records(epoch, layout.positions(slots), alone, keyed)
+        if indices is None:
             return records if transform is None else [transform(record) for record in records]
         keys = [
             SampleKey(index, self.seed, epoch, slot, slot >= layout.size)
@@ -285,9 +285,12 @@ class _Reading:
         self.pieces: dict[int, dict[tuple[int, int], Spans]] = {}  # source -> (source-epoch, window) -> pieces read
         self.permutations: dict[tuple[int, int], FeistelPermutation] = {}
 
-    def records(self, epoch: int, positions: np.ndarray, alone: bool = False) -> tuple[list[Any], np.ndarray]:
-        """The records at epoch positions, with their indices in the sources concatenated; ``alone``: read on their
-        own where a source's reader reads rows (a pass's first batch), not with their window's pieces."""
+    def records(
+        self, epoch: int, positions: np.ndarray, alone: bool = False, keyed: bool = False
+    ) -> tuple[list[Any], np.ndarray | None]:
+        """The records at epoch positions, and with ``keyed`` their indices in the sources concatenated (else None);
+        ``alone``: read on their own where a source's reader reads rows (a pass's first batch), not with their
+        window's pieces."""
         stream = self.stream
         sources, source_epochs, inside = stream._draws(epoch, positions)
         out: list[Any] = [None] * len(positions)
@@ -297,20 +300,28 @@ class _Reading:
             by_rows = stream._by_rows[sources]
             taken, rest = np.flatnonzero(by_rows), np.flatnonzero(~by_rows)
             if taken.size:
-                indices[taken] = self._records_alone(sources[taken], source_epochs[taken], inside[taken], taken, out)
+                located = self._records_alone(sources[taken], source_epochs[taken], inside[taken], taken, out, keyed)
+                if located is not None:
+                    indices[taken] = located
         for source, source_epoch, at in _runs(sources[rest], source_epochs[rest], rest):
             found, index = self._source_records(source, source_epoch, inside[at])
             indices[at] = stream.offsets[source] + index
             for slot, record in zip(at.tolist(), found):
                 out[slot] = record
-        return out, indices
+        return out, indices if keyed else None
 
     def _records_alone(
-        self, sources: np.ndarray, source_epochs: np.ndarray, inside: np.ndarray, slots: np.ndarray, out: list[Any]
-    ) -> np.ndarray:
+        self,
+        sources: np.ndarray,
+        source_epochs: np.ndarray,
+        inside: np.ndarray,
+        slots: np.ndarray,
+        out: list[Any],
+        keyed: bool,
+    ) -> np.ndarray | None:
         """Draws of sources that read rows, each at its place in its source-epoch's order, read on their own: one
         ``locate_many`` for all their source-epochs, one ``records_at_rows`` per source. The records go into
-        ``out`` at ``slots``; returned: their indices in the sources concatenated."""
+        ``out`` at ``slots``; returned with ``keyed``: their indices in the sources concatenated."""
         stream = self.stream
         order = np.lexsort((source_epochs, sources))  # by (source, source-epoch)
         by_source = sources[order]
@@ -322,9 +333,6 @@ class _Reading:
         owners = sources[heads].tolist()
         shuffles = [stream.sources[source].order for source in owners]
         shards, rows = locate_many(shuffles, source_epochs[heads].tolist(), groups, inside)
-        offsets = np.concatenate([shuffle.offsets for shuffle in shuffles])
-        shard_base = np.cumsum([0] + [len(shuffle.offsets) for shuffle in shuffles])[:-1]
-        indices = stream.offsets[sources] + offsets[shard_base[groups] + shards] + rows
         cuts = np.flatnonzero(np.concatenate(([True], by_source[1:] != by_source[:-1], [True])))
         for begin, end in zip(cuts[:-1].tolist(), cuts[1:].tolist()):  # each source's draws
             source = stream.sources[int(by_source[begin])]
@@ -334,7 +342,11 @@ class _Reading:
                 records = [source.transform(record) for record in records]
             for slot, record in zip(slots[at].tolist(), records):
                 out[slot] = record
-        return indices
+        if not keyed:
+            return None
+        offsets = np.concatenate([shuffle.offsets for shuffle in shuffles])
+        shard_base = np.cumsum([0] + [len(shuffle.offsets) for shuffle in shuffles])[:-1]
+        return stream.offsets[sources] + offsets[shard_base[groups] + shards] + rows
 
     def _source_records(self, source: int, source_epoch: int, inside: np.ndarray) -> tuple[list[Any], np.ndarray]:
         """Records at positions of a source's source-epoch, and their indices in that source, read from their
@@ -422,22 +434,17 @@ def _checked_source(index: int, source: Any) -> Any:
     return source
 
 
-def _reads_rows(source: Any) -> bool:
-    return isinstance(source, ShardedStream) and source.gather.reads_rows
-
-
-def _size_of(source: Any) -> int:
-    return source.epoch_size if isinstance(source, ShardedStream) else len(source)
-
-
-def _source_hash(source: Any) -> str:
-    """A source's identity: a stream's shard list (names, counts, contents), seed and window; a map-style
-    dataset's type and size (its content is out of sight)."""
+def _facts(source: Any) -> tuple[int, str, bool]:
+    """A source's size, its identity (a stream's shard list: names, counts, contents; its seed and window; a map-style
+    dataset's type and size, its content out of sight), and whether it reads records at rows on their own."""
     if isinstance(source, ShardedStream):
         m = source.manifest
         text = f"stream\0{m.shards}\0{m.records}\0{m.digest}\0{m.locator}\0{source.seed}\0{source.window}"
-    else:
-        text = f"map\0{type(source).__qualname__}\0{len(source)}"
+        return source.epoch_size, _hashed(text), source.gather.reads_rows
+    return len(source), _hashed(f"map\0{type(source).__qualname__}\0{len(source)}"), False
+
+
+def _hashed(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
