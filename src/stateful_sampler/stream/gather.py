@@ -90,30 +90,36 @@ class WindowGather:
     def records_at_rows(self, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
         """The records at (shard, row) read on their own, each shard once (``read_rows``): a pass's first
         batch, which then waits for its own records only."""
-        read_rows = self.read_rows
-        if read_rows is None:
-            raise TypeError(f"{type(self.reader).__name__} has no read_rows(shard, rows): read its window instead")
         records: list[Any] = [None] * len(rows)
         slots_of: dict[int, list[int]] = {}  # grouped in Python: a batch's rows are few, NumPy calls cost more
         for slot, shard in enumerate(shards.tolist()):
             slots_of.setdefault(shard, []).append(slot)
         for shard in sorted(slots_of):
             where = np.array(slots_of[shard], dtype=np.int64)
-            name = self.shards[shard]
-            try:
-                found = read_rows(name, rows[where])
-            except ShardReadError:
-                raise
-            except Exception as error:
-                raise ShardReadError(f"could not read {self._rows_of(shard, rows[where])}: {error}") from error
-            if len(found) != len(where):
-                raise ShardReadError(
-                    f"shard {name!r} returned {len(found)} records for {len(where)} rows: it holds fewer than the "
-                    f"{self.counts[shard]} records counted at start"
-                )
-            for slot, record in zip(where.tolist(), found):
+            for slot, record in zip(where.tolist(), self.shard_rows(shard, rows[where])):
                 records[slot] = record
         return records
+
+    def shard_rows(self, shard: int, rows: np.ndarray) -> Sequence[Any]:
+        """The records at ``rows`` of shard ``shard``, read on their own (``read_rows``): one shard's part of
+        ``records_at_rows``, for a caller that groups its rows by shard itself (``MixedStream``'s first batch,
+        over many sources' readers at once)."""
+        read_rows = self.read_rows
+        if read_rows is None:
+            raise TypeError(f"{type(self.reader).__name__} has no read_rows(shard, rows): read its window instead")
+        name = self.shards[shard]
+        try:
+            found = read_rows(name, rows)
+        except ShardReadError:
+            raise
+        except Exception as error:
+            raise ShardReadError(f"could not read {self._rows_of(shard, rows)}: {error}") from error
+        if len(found) != len(rows):
+            raise ShardReadError(
+                f"shard {name!r} returned {len(found)} records for {len(rows)} rows: it holds fewer than the "
+                f"{self.counts[shard]} records counted at start"
+            )
+        return found
 
     def records(self, spans: Spans, joined: Joined | None, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
         """The records at (shard, row) from the window's spans: from their join when they have one (one

@@ -320,7 +320,7 @@ class _Reading:
         keyed: bool,
     ) -> np.ndarray | None:
         """Draws of sources that read rows, each at its place in its source-epoch's order, read on their own: one
-        ``locate_many`` for all their source-epochs, one ``records_at_rows`` per source. The records go into
+        ``locate_many`` for all their source-epochs, one ``shard_rows`` per shard of a source. The records go into
         ``out`` at ``slots``; returned with ``keyed``: their indices in the sources concatenated."""
         stream = self.stream
         order = np.lexsort((source_epochs, sources))  # by (source, source-epoch)
@@ -333,14 +333,17 @@ class _Reading:
         owners = sources[heads].tolist()
         shuffles = [stream.sources[source].order for source in owners]
         shards, rows = locate_many(shuffles, source_epochs[heads].tolist(), groups, inside)
-        cuts = np.flatnonzero(np.concatenate(([True], by_source[1:] != by_source[:-1], [True])))
-        for begin, end in zip(cuts[:-1].tolist(), cuts[1:].tolist()):  # each source's draws
-            source = stream.sources[int(by_source[begin])]
-            at = order[begin:end]
-            records = source.gather.records_at_rows(shards[at], rows[at])
+        read = np.lexsort((shards, sources))  # by (source, shard): each shard of each source read once
+        owner, shard = sources[read], shards[read]
+        cuts = np.flatnonzero(np.concatenate(([True], (owner[1:] != owner[:-1]) | (shard[1:] != shard[:-1]), [True])))
+        rows_read, slots_read = rows[read], slots[read].tolist()
+        owned, shard_ids = owner.tolist(), shard.tolist()
+        for begin, end in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            source = stream.sources[owned[begin]]
+            records = source.gather.shard_rows(shard_ids[begin], rows_read[begin:end])
             if source.transform is not None:
                 records = [source.transform(record) for record in records]
-            for slot, record in zip(slots[at].tolist(), records):
+            for slot, record in zip(slots_read[begin:end], records):
                 out[slot] = record
         if not keyed:
             return None
