@@ -164,7 +164,6 @@ def test_a_resumed_pass_reads_its_first_batch_s_rows_alone_then_the_pieces() -> 
     assert any(start >= 0 for found in many for _, start, _ in found.reader.reads)
 
 
-
 def test_a_resumed_first_batch_over_source_epochs_keys_transforms_and_a_map_source_is_the_live_one() -> None:
     """Sources of 5 records (a first batch of 24 spans several of each one's source-epochs and draws some shards
     twice), with keys, a source's transform and a map-style source beside them: each shard of each source is read
