@@ -125,5 +125,10 @@ def test_locate_many_is_each_epoch_s_locate_bit_for_bit(cases: list[tuple[Any, s
         picked = np.array(data.draw(st.lists(st.integers(0, shuffle.size - 1), max_size=12)), dtype=np.int64)
         shuffles.append(shuffle), epochs.append(epoch), positions.append(picked)
         expected.append(tuple(found.tolist() for found in shuffle.epoch(epoch).locate(picked)))
-    found = locate_many(shuffles, epochs, positions)
+    groups = np.repeat(np.arange(len(positions)), [len(picked) for picked in positions])
+    mixed = np.random.default_rng(len(groups)).permutation(len(groups))  # the orders' positions interleaved
+    shards, rows = np.empty_like(groups), np.empty_like(groups)
+    shards[mixed], rows[mixed] = locate_many(shuffles, epochs, groups[mixed], np.concatenate(positions)[mixed])
+    cuts = np.cumsum([len(picked) for picked in positions])[:-1]
+    found = zip(np.split(shards, cuts), np.split(rows, cuts))
     assert [(shards.tolist(), rows.tolist()) for shards, rows in found] == expected

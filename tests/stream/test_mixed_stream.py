@@ -164,6 +164,33 @@ def test_a_resumed_pass_reads_its_first_batch_s_rows_alone_then_the_pieces() -> 
     assert any(start >= 0 for found in many for _, start, _ in found.reader.reads)
 
 
+def test_a_resumed_first_batch_over_source_epochs_keys_transforms_and_a_map_source_is_the_live_one() -> None:
+    """Sources of 5 records (a first batch of 24 spans several of each one's source-epochs and draws some shards
+    twice), with keys, a source's transform and a map-style source beside them: each shard of each source is read
+    once, its rows alone, and the batch equals the uninterrupted run's."""
+
+    def build() -> MixedStream:
+        many: list[Any] = [
+            ShardedStream(["0", "1"], RowsTagged(1000 * i, [2, 3]), batch_size=1, window=1, seed=i,
+                          transform=(lambda record: -record) if i == 1 else None)
+            for i in range(3)
+        ]  # fmt: skip
+        return MixedStream([*many, list(range(5000, 5004))], [3, 2, 1, 2], batch_size=24, num_samples=400,
+                           yield_keys=True)  # fmt: skip
+
+    live = build()
+    whole = [(record, key.index, key.position) for record, key in live]
+    state = live.state_at(0, 133)
+    resumed = build()
+    resumed.load_state_dict(state)
+    iterator = iter(resumed)
+    first = [(record, key.index, key.position) for record, key in (next(iterator) for _ in range(24))]
+    assert first == whole[133:157]
+    assert any(record < 0 for record, _, _ in first)  # source 1's transform ran on the rows read alone
+    reads = [(i, shard) for i, found in enumerate(resumed.sources[:3]) for shard, _, _ in found.reader.reads]
+    assert sorted(reads) == sorted(set(reads)) and len(reads) <= 6  # each shard of each source read once
+
+
 # -- exact resume and elastic resume
 
 

@@ -180,70 +180,70 @@ class EpochWindows:
 
 
 def locate_many(
-    shuffles: Sequence[ShardedShuffle], epochs: Sequence[int], positions: Sequence[np.ndarray]
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``shuffles[g].epoch(epochs[g]).locate(positions[g])`` for every g at once, bit for bit: a few positions in
-    each of many orders (a mixed stream's first batch after a resume, over its sources) in a few NumPy calls over
-    all of them, where setting up each epoch on its own costs tens of NumPy calls apiece. O(sum of S * spread).
+    shuffles: Sequence[ShardedShuffle], epochs: Sequence[int], groups: np.ndarray, positions: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(shard, row) of each ``positions[i]`` in ``shuffles[g].epoch(epochs[g])``, g = ``groups[i]``, bit for bit as
+    its ``locate``: a few positions in each of many orders (a mixed stream's first batch after a resume, over its
+    sources) in a few NumPy calls over all of them, where setting up each epoch on its own costs tens of NumPy calls
+    apiece. O(sum of S * spread), with no sort.
 
     Example:
         >>> a, b = ShardedShuffle([4, 6], 1, 3, spread=2), ShardedShuffle([5], 1, 4)
-        >>> [(s.tolist(), r.tolist()) for s, r in locate_many([a, b], [2, 0], [np.array([9, 0]), np.array([4])])]
-        [([1, 1], [4, 2]), ([0], [4])]
-        >>> [(s.tolist(), r.tolist()) for s, r in (a.epoch(2).locate(np.array([9, 0])), b.epoch(0).locate([4]))]
-        [([1, 1], [4, 2]), ([0], [4])]
+        >>> [found.tolist() for found in locate_many([a, b], [2, 0], np.array([0, 1, 0]), np.array([9, 4, 0]))]
+        [[1, 0, 1], [4, 4, 2]]
+        >>> [found.tolist() for found in a.epoch(2).locate(np.array([9, 0]))], b.epoch(0).locate(np.array([4]))
+        ([[1, 1], [4, 2]], (array([0]), array([4])))
     """
-    if not shuffles:
-        return []
-    groups = np.arange(len(shuffles))
+    count = len(shuffles)
+    groups = np.asarray(groups, dtype=np.int64)
+    if not count or not groups.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     epoch = np.asarray(epochs, dtype=np.int64)
-    seeds = np.array([shuffle.seed for shuffle in shuffles], dtype=np.uint64)
-    spread = np.array([shuffle.spread for shuffle in shuffles], dtype=np.int64)
-    group_shards = np.array([shuffle.group for shuffle in shuffles], dtype=np.int64)
-    shards_of = np.array([len(shuffle.counts) for shuffle in shuffles], dtype=np.int64)
+    seeds = np.fromiter((shuffle.seed for shuffle in shuffles), np.uint64, count)
+    spread = np.fromiter((shuffle.spread for shuffle in shuffles), np.int64, count)
+    group_shards = np.fromiter((shuffle.group for shuffle in shuffles), np.int64, count)
+    shards_of = np.fromiter((len(shuffle.counts) for shuffle in shuffles), np.int64, count)
     # Every order's slots, concatenated: the shard order (its Feistel permutation of the shards), each slot's count
     # and the rotation of its pieces, as ``EpochWindows`` sets them up.
-    slot_order = np.repeat(groups, shards_of)
+    slot_order = np.repeat(np.arange(count), shards_of)
     slot_base = _starts(shards_of)
     slot = np.arange(len(slot_order)) - slot_base[slot_order]
-    shard_seeds = np.array([shuffle._shard_seed for shuffle in shuffles], dtype=np.uint64)
+    shard_seeds = np.fromiter((shuffle._shard_seed for shuffle in shuffles), np.uint64, count)
     shard_order = permute_many(shards_of[slot_order], shard_seeds[slot_order], epoch[slot_order], slot)
     slot_counts = np.concatenate([shuffle.counts for shuffle in shuffles])[slot_base[slot_order] + shard_order]
     piece_keys = derive_seeds(Domain.PERMUTATION, seeds, _PIECE_WORD, epoch)[slot_order]
     mixed = mix64_array(slot.astype(np.uint64) ^ piece_keys, 0, np.empty(len(slot), dtype=np.uint64))
     rotation = (mixed % spread[slot_order].astype(np.uint64)).astype(np.int64)  # 0 at spread 1, as there
-    # Every (slot, window of its group) pair: the piece the slot gives that window, and the window's global id.
-    pair_slot = np.repeat(np.arange(len(slot)), spread[slot_order])
-    pair_order = slot_order[pair_slot]
-    pair_spread = spread[pair_order]
-    inside = np.arange(len(pair_slot)) - _starts(spread[slot_order])[pair_slot]
-    piece = (inside + rotation[pair_slot]) % pair_spread
+    # Every order's windows, and each window's pieces in slot order (its group's slots): window-major, so that a
+    # window's pieces and the windows follow each other as the positions do.
+    windows_of = -(-shards_of // group_shards) * spread
+    window_order = np.repeat(np.arange(count), windows_of)
+    window_base = _starts(windows_of)
+    local_window = np.arange(len(window_order)) - window_base[window_order]
+    window_spread = spread[window_order]
+    first_slot = local_window // window_spread * group_shards[window_order]
+    width = np.minimum(group_shards[window_order], shards_of[window_order] - first_slot)
+    pair_base = _starts(width)
+    pair_window = np.repeat(np.arange(len(width)), width)
+    pair_slot = np.arange(len(pair_window)) + (slot_base[window_order] + first_slot - pair_base)[pair_window]
+    pair_spread = window_spread[pair_window]
+    piece = ((local_window % window_spread)[pair_window] + rotation[pair_slot]) % pair_spread
     counts = slot_counts[pair_slot]
     first = piece * counts // pair_spread
     sizes = (piece + 1) * counts // pair_spread - first
-    window_base = _starts(-(-shards_of // group_shards) * spread)
-    window = window_base[pair_order] + slot[pair_slot] // group_shards[pair_order] * pair_spread + inside
-    window_sizes = np.zeros(int(window_base[-1]) + int(-(-shards_of[-1] // group_shards[-1]) * spread[-1]), np.int64)
-    np.add.at(window_sizes, window, sizes)
-    window_starts = _starts(window_sizes)  # global: every order's windows one after the other
-    by_window = np.argsort(window, kind="stable")  # each window's pieces in slot order
-    piece_starts = _starts(sizes[by_window])
+    piece_starts = _starts(sizes)  # global: every order's windows one after the other
+    window_starts = piece_starts[pair_base]
+    window_sizes = np.add.reduceat(sizes, pair_base)
     # The positions: their window, their place in it (its Feistel permutation), and the piece that holds it.
-    lengths = [len(found) for found in positions]
-    position_order = np.repeat(groups, lengths)
-    records_before = _starts(np.array([shuffle.size for shuffle in shuffles], dtype=np.int64))
-    at = np.concatenate([np.asarray(found, dtype=np.int64) for found in positions]) + records_before[position_order]
+    records_before = _starts(np.fromiter((shuffle.size for shuffle in shuffles), np.int64, count))
+    at = np.asarray(positions, dtype=np.int64) + records_before[groups]
     windows = np.searchsorted(window_starts, at, side="right") - 1
-    window_seeds = derive_seeds(Domain.PERMUTATION, seeds, _WINDOW_WORD, epoch)[position_order]
+    window_seeds = derive_seeds(Domain.PERMUTATION, seeds, _WINDOW_WORD, epoch)[groups]
     placed = window_starts[windows] + permute_many(
-        window_sizes[windows], window_seeds, windows - window_base[position_order], at - window_starts[windows]
+        window_sizes[windows], window_seeds, windows - window_base[groups], at - window_starts[windows]
     )
     pieces = np.searchsorted(piece_starts, placed, side="right") - 1
-    taken = by_window[pieces]
-    shards = shard_order[pair_slot[taken]]
-    rows = first[taken] + placed - piece_starts[pieces]
-    cuts = np.cumsum(lengths)[:-1].tolist()
-    return list(zip(np.split(shards, cuts), np.split(rows, cuts)))
+    return shard_order[pair_slot[pieces]], first[pieces] + placed - piece_starts[pieces]
 
 
 def distinct(values: np.ndarray) -> np.ndarray:

@@ -96,31 +96,17 @@ class WindowGather:
         """The records at (shard, row) read on their own, each shard once (``read_rows``): a pass's first
         batch, which then waits for its own records only. A reader with ``read_rows_span`` reads the shards
         side by side in threads and builds the batch's records in one conversion of their joined spans."""
-        read_rows = self.read_rows_span or self.read_rows
-        if read_rows is None:
-            raise TypeError(f"{type(self.reader).__name__} has no read_rows(shard, rows): read its window instead")
         slots_of: dict[int, list[int]] = {}  # grouped in Python: a batch's rows are few, NumPy calls cost more
         for slot, shard in enumerate(shards.tolist()):
             slots_of.setdefault(shard, []).append(slot)
         order = sorted(slots_of)
         wheres = [np.array(slots_of[shard], dtype=np.int64) for shard in order]
+        spanned = self.read_rows_span is not None
 
         def read(shard: int, where: np.ndarray) -> Sequence[Any]:
-            name = self.shards[shard]
-            try:
-                found = read_rows(name, rows[where])
-            except ShardReadError:
-                raise
-            except Exception as error:
-                raise ShardReadError(f"could not read {self._rows_of(shard, rows[where])}: {error}") from error
-            if len(found) != len(where):
-                raise ShardReadError(
-                    f"shard {name!r} returned {len(found)} records for {len(where)} rows: it holds fewer than the "
-                    f"{self.counts[shard]} records counted at start"
-                )
-            return found
+            return self.shard_rows(shard, rows[where], as_span=spanned)
 
-        if self.read_rows_span is None or len(order) < 2:
+        if not spanned or len(order) < 2:
             found = [read(shard, where) for shard, where in zip(order, wheres)]
         else:
             with ThreadPoolExecutor(min(READ_THREADS, len(order))) as pool:
@@ -132,9 +118,31 @@ class WindowGather:
                 return self._convert(joined[0], slots, lambda: f"the first batch's shards {self._names(spans)}")
         records: list[Any] = [None] * len(rows)
         for where, span in zip(wheres, found):
-            for slot, record in zip(where.tolist(), span[:] if self.read_rows_span is not None else span):
+            for slot, record in zip(where.tolist(), span[:] if spanned else span):
                 records[slot] = record
         return records
+
+    def shard_rows(self, shard: int, rows: np.ndarray, as_span: bool = False) -> Sequence[Any]:
+        """The records at ``rows`` of shard ``shard``, read on their own (``read_rows``): one shard's part of
+        ``records_at_rows``, for a caller that groups its rows by shard itself (``MixedStream``'s first batch,
+        over many sources' readers at once). ``as_span``: the reader's span of them (``read_rows_span``), its
+        records built when taken."""
+        read_rows = self.read_rows_span if as_span else self.read_rows
+        if read_rows is None:
+            raise TypeError(f"{type(self.reader).__name__} has no read_rows(shard, rows): read its window instead")
+        name = self.shards[shard]
+        try:
+            found = read_rows(name, rows)
+        except ShardReadError:
+            raise
+        except Exception as error:
+            raise ShardReadError(f"could not read {self._rows_of(shard, rows)}: {error}") from error
+        if len(found) != len(rows):
+            raise ShardReadError(
+                f"shard {name!r} returned {len(found)} records for {len(rows)} rows: it holds fewer than the "
+                f"{self.counts[shard]} records counted at start"
+            )
+        return found
 
     def records(self, spans: Spans, joined: Joined | None, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
         """The records at (shard, row) from the window's spans: from their join when they have one (one

@@ -106,17 +106,17 @@ class MixedStream(ShardedStream):
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         self.sources = [_checked_source(index, source) for index, source in enumerate(streams)]
+        sizes, self._checks, by_rows = zip(*map(_facts, self.sources))
+        self._by_rows = np.array(by_rows)  # the sources a first batch reads on their own, row by row
         self.init_delivery(
             batch_size=batch_size, seed=seed, tail=tail, num_replicas=num_replicas, rank=rank,
             yield_keys=yield_keys, transform=transform,
         )  # fmt: skip
-        sizes = [_size_of(source) for source in self.sources]
         self.mixture = Mixture(  # which checks num_samples
-            sizes, weights, num_samples=sum(sizes) if num_samples is None else num_samples, schedule=schedule,
+            list(sizes), weights, num_samples=sum(sizes) if num_samples is None else num_samples, schedule=schedule,
             on_change=on_change,
         )  # fmt: skip
         self.offsets = self.mixture.offsets
-        self._checks = [_source_hash(source) for source in self.sources]
 
     @property
     def epoch_size(self) -> int:
@@ -148,10 +148,11 @@ class MixedStream(ShardedStream):
     def _delivered(
         self, epoch: int, layout: StreamLayout, slots: np.ndarray, reading: _Reading, alone: bool
     ) -> list[Any]:
-        records, indices = reading.records(epoch, layout.positions(slots), alone)
         transform = self.transform
         takes_key = getattr(transform, "takes_key", False)
-        if not (self.yield_keys or takes_key):
+        keyed = self.yield_keys or takes_key
+        records, indices = reading.records(epoch, layout.positions(slots), alone, keyed)
+        if indices is None:
             return records if transform is None else [transform(record) for record in records]
         keys = [
             SampleKey(index, self.seed, epoch, slot, slot >= layout.size)
@@ -177,9 +178,9 @@ class MixedStream(ShardedStream):
         draws (``PackedStream`` packs it), the same records ``epoch_records`` reads there. ``orders``: a dict
         the caller keeps between calls, holding each source-epoch's order so that its set-up is paid once."""
         orders = {} if orders is None else orders
-        runs, inside = self._draw_runs(epoch, np.asarray(positions, dtype=np.int64))
+        sources, source_epochs, inside = self._draws(epoch, np.asarray(positions, dtype=np.int64))
         indices = np.empty(len(inside), dtype=np.int64)
-        for source, source_epoch, at in runs:
+        for source, source_epoch, at in _runs(sources, source_epochs, np.arange(len(inside))):
             order = orders.get((source, source_epoch))
             if order is None:
                 stream = self.sources[source]
@@ -191,16 +192,11 @@ class MixedStream(ShardedStream):
             indices[at] = self.offsets[source] + order(inside[at])
         return indices
 
-    def _draw_runs(self, epoch: int, positions: np.ndarray) -> tuple[list[tuple[int, int, np.ndarray]], np.ndarray]:
-        """The draws at ``positions`` of ``epoch`` grouped by the (source, source-epoch) they fall in, each group
-        with its slots in ``positions`` (in first-seen order), and every draw's place in its source-epoch."""
+    def _draws(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each draw at ``positions`` of ``epoch``: its source, its source-epoch and its place in that source-epoch."""
         sources, draws = self.mixture.locate(epoch, positions)
         source_epochs, inside = np.divmod(draws, self.mixture.sizes[sources])
-        slots_of: dict[tuple[int, int], list[int]] = {}
-        for slot, key in enumerate(zip(sources.tolist(), source_epochs.tolist())):
-            slots_of.setdefault(key, []).append(slot)
-        runs = [(source, source_epoch, np.array(at, dtype=np.int64)) for (source, source_epoch), at in slots_of.items()]
-        return runs, inside
+        return sources, source_epochs, inside
 
     def _map_permutation(self, source: int, source_epoch: int) -> FeistelPermutation:
         """The order of map-style source ``source`` in its epoch ``source_epoch``: a seeded permutation of its
@@ -231,10 +227,10 @@ class MixedStream(ShardedStream):
         ``on_change="continue"`` the weights and schedule too, or sources appended. A changed, removed or
         reordered source, another seed, tail or epoch length raises ``IncompatibleStateError`` naming it."""
         saved = _checked_state(state)
-        for name in ("seed", "tail", "num_samples"):
-            mine = self.state_at(0, 0)[name]
-            if saved[name] != mine:
-                raise IncompatibleStateError(name, saved[name], mine, "the state belongs to another mixed stream")
+        mine = {"seed": self.seed, "tail": self.tail.value, "num_samples": self.epoch_size}  # as state_at writes them
+        for name, value in mine.items():
+            if saved[name] != value:
+                raise IncompatibleStateError(name, saved[name], value, "the state belongs to another mixed stream")
         self._check_sources(saved)
         if saved["position"] > saved["num_samples"]:
             raise IncompatibleStateError(
@@ -288,32 +284,75 @@ class _Reading:
         self.pieces: dict[int, dict[tuple[int, int], Spans]] = {}  # source -> (source-epoch, window) -> pieces read
         self.permutations: dict[tuple[int, int], FeistelPermutation] = {}
 
-    def records(self, epoch: int, positions: np.ndarray, alone: bool = False) -> tuple[list[Any], np.ndarray]:
-        """The records at epoch positions, with their indices in the sources concatenated; ``alone``: read on their
-        own where a source's reader reads rows (a pass's first batch), not with their window's pieces."""
+    def records(
+        self, epoch: int, positions: np.ndarray, alone: bool = False, keyed: bool = False
+    ) -> tuple[list[Any], np.ndarray | None]:
+        """The records at epoch positions, and with ``keyed`` their indices in the sources concatenated (else None);
+        ``alone``: read on their own where a source's reader reads rows (a pass's first batch), not with their
+        window's pieces."""
         stream = self.stream
-        runs, inside = stream._draw_runs(epoch, positions)
+        sources, source_epochs, inside = stream._draws(epoch, positions)
         out: list[Any] = [None] * len(positions)
         indices = np.empty(len(positions), dtype=np.int64)
-        located: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        if alone:  # every stream source that reads rows located at once: a source's epoch set up alone costs more
-            wanted = [i for i, (source, _, _) in enumerate(runs) if _reads_rows(stream.sources[source])]
-            orders = [stream.sources[runs[i][0]].order for i in wanted]
-            located = dict(
-                zip(wanted, locate_many(orders, [runs[i][1] for i in wanted], [inside[runs[i][2]] for i in wanted]))
-            )
-        for i, (source, source_epoch, at) in enumerate(runs):
-            found, index = self._source_records(source, source_epoch, inside[at], located.get(i))
+        rest = np.arange(len(positions))
+        if alone:  # the draws of every source that reads rows located and read at once, without their windows
+            by_rows = stream._by_rows[sources]
+            taken, rest = np.flatnonzero(by_rows), np.flatnonzero(~by_rows)
+            if taken.size:
+                located = self._records_alone(sources[taken], source_epochs[taken], inside[taken], taken, out, keyed)
+                if located is not None:
+                    indices[taken] = located
+        for source, source_epoch, at in _runs(sources[rest], source_epochs[rest], rest):
+            found, index = self._source_records(source, source_epoch, inside[at])
             indices[at] = stream.offsets[source] + index
             for slot, record in zip(at.tolist(), found):
                 out[slot] = record
-        return out, indices
+        return out, indices if keyed else None
 
-    def _source_records(
-        self, source: int, source_epoch: int, inside: np.ndarray, located: tuple[np.ndarray, np.ndarray] | None
-    ) -> tuple[list[Any], np.ndarray]:
-        """Records at positions of a source's source-epoch, and their indices in that source: read on their own when
-        ``located`` gives their (shard, row), else from their window's pieces."""
+    def _records_alone(
+        self,
+        sources: np.ndarray,
+        source_epochs: np.ndarray,
+        inside: np.ndarray,
+        slots: np.ndarray,
+        out: list[Any],
+        keyed: bool,
+    ) -> np.ndarray | None:
+        """Draws of sources that read rows, each at its place in its source-epoch's order, read on their own: one
+        ``locate_many`` for all their source-epochs, one ``shard_rows`` per shard of a source. The records go into
+        ``out`` at ``slots``; returned with ``keyed``: their indices in the sources concatenated."""
+        stream = self.stream
+        order = np.lexsort((source_epochs, sources))  # by (source, source-epoch)
+        by_source = sources[order]
+        by_epoch = source_epochs[order]
+        new = np.concatenate(([True], (by_source[1:] != by_source[:-1]) | (by_epoch[1:] != by_epoch[:-1])))
+        groups = np.empty(len(order), dtype=np.int64)
+        groups[order] = np.cumsum(new) - 1
+        heads = order[new]  # a draw of each (source, source-epoch), in that order
+        owners = sources[heads].tolist()
+        shuffles = [stream.sources[source].order for source in owners]
+        shards, rows = locate_many(shuffles, source_epochs[heads].tolist(), groups, inside)
+        read = np.lexsort((shards, sources))  # by (source, shard): each shard of each source read once
+        owner, shard = sources[read], shards[read]
+        cuts = np.flatnonzero(np.concatenate(([True], (owner[1:] != owner[:-1]) | (shard[1:] != shard[:-1]), [True])))
+        rows_read, slots_read = rows[read], slots[read].tolist()
+        owned, shard_ids = owner.tolist(), shard.tolist()
+        for begin, end in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            source = stream.sources[owned[begin]]
+            records = source.gather.shard_rows(shard_ids[begin], rows_read[begin:end])
+            if source.transform is not None:
+                records = [source.transform(record) for record in records]
+            for slot, record in zip(slots_read[begin:end], records):
+                out[slot] = record
+        if not keyed:
+            return None
+        offsets = np.concatenate([shuffle.offsets for shuffle in shuffles])
+        shard_base = np.cumsum([0] + [len(shuffle.offsets) for shuffle in shuffles])[:-1]
+        return stream.offsets[sources] + offsets[shard_base[groups] + shards] + rows
+
+    def _source_records(self, source: int, source_epoch: int, inside: np.ndarray) -> tuple[list[Any], np.ndarray]:
+        """Records at positions of a source's source-epoch, and their indices in that source, read from their
+        window's pieces."""
         stream = self.stream.sources[source]
         if not isinstance(stream, ShardedStream):
             key = (source, source_epoch)
@@ -322,20 +361,15 @@ class _Reading:
                 permutation = self.permutations[key] = self.stream._map_permutation(source, source_epoch)
             index = permutation(inside)
             return [stream[i] for i in index.tolist()], index
-        records: list[Any]
-        if located is not None:
-            shards, rows = located
-            records = stream.gather.records_at_rows(shards, rows)
-        else:
-            windows = self._epoch_windows(source, source_epoch)
-            shards, rows = windows.locate(inside)
-            window_of = windows.window_of(inside)
-            records = [None] * len(inside)
-            for window in distinct(window_of).tolist():
-                at = np.flatnonzero(window_of == window)
-                spans = self._pieces(source, windows, window, shards[at], rows[at])
-                for slot, record in zip(at.tolist(), stream.gather.records(spans, None, shards[at], rows[at])):
-                    records[slot] = record
+        windows = self._epoch_windows(source, source_epoch)
+        shards, rows = windows.locate(inside)
+        window_of = windows.window_of(inside)
+        records: list[Any] = [None] * len(inside)
+        for window in distinct(window_of).tolist():
+            at = np.flatnonzero(window_of == window)
+            spans = self._pieces(source, windows, window, shards[at], rows[at])
+            for slot, record in zip(at.tolist(), stream.gather.records(spans, None, shards[at], rows[at])):
+                records[slot] = record
         if stream.transform is not None:
             records = [stream.transform(record) for record in records]
         return records, stream.order.offsets[shards] + rows
@@ -373,6 +407,15 @@ class _Reading:
         return spans
 
 
+def _runs(sources: np.ndarray, source_epochs: np.ndarray, slots: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
+    """The draws grouped by the (source, source-epoch) they fall in, each group with its ``slots`` (in first-seen
+    order)."""
+    slots_of: dict[tuple[int, int], list[int]] = {}
+    for slot, key in zip(slots.tolist(), zip(sources.tolist(), source_epochs.tolist())):
+        slots_of.setdefault(key, []).append(slot)
+    return [(source, source_epoch, np.array(at, dtype=np.int64)) for (source, source_epoch), at in slots_of.items()]
+
+
 def _checked_source(index: int, source: Any) -> Any:
     if isinstance(source, MixedStream):
         raise TypeError(f"streams[{index}] is a MixedStream: mix its sources into one MixedStream instead")
@@ -393,22 +436,17 @@ def _checked_source(index: int, source: Any) -> Any:
     return source
 
 
-def _reads_rows(source: Any) -> bool:
-    return isinstance(source, ShardedStream) and source.gather.reads_rows
-
-
-def _size_of(source: Any) -> int:
-    return source.epoch_size if isinstance(source, ShardedStream) else len(source)
-
-
-def _source_hash(source: Any) -> str:
-    """A source's identity: a stream's shard list (names, counts, contents), seed and window; a map-style
-    dataset's type and size (its content is out of sight)."""
+def _facts(source: Any) -> tuple[int, str, bool]:
+    """A source's size, its identity (a stream's shard list: names, counts, contents; its seed and window; a map-style
+    dataset's type and size, its content out of sight), and whether it reads records at rows on their own."""
     if isinstance(source, ShardedStream):
         m = source.manifest
         text = f"stream\0{m.shards}\0{m.records}\0{m.digest}\0{m.locator}\0{source.seed}\0{source.window}"
-    else:
-        text = f"map\0{type(source).__qualname__}\0{len(source)}"
+        return source.epoch_size, _hashed(text), source.gather.reads_rows
+    return len(source), _hashed(f"map\0{type(source).__qualname__}\0{len(source)}"), False
+
+
+def _hashed(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
