@@ -212,6 +212,20 @@ def test_a_state_of_other_weights_or_another_split_is_refused_by_the_fingerprint
     same_ratios.load_state_dict(state)  # the weights normalise to the same ones: the same order
 
 
+def test_other_weights_of_a_mixture_of_more_than_a_thousand_sources_are_refused_by_the_fingerprint() -> None:
+    """NumPy abbreviates the repr of more than 1,000 values: the fingerprint must see every source's weight."""
+    sources = 2000
+    weights = np.ones(sources)
+    changed = weights.copy()
+    changed[sources // 2] = 5  # one weight in the middle, where an abbreviated repr shows "..."
+    saved = StatefulSampler(3 * sources, strategy=Mixture([3] * sources, weights, num_samples=500), batch_size=4)
+    other = StatefulSampler(3 * sources, strategy=Mixture([3] * sources, changed, num_samples=500), batch_size=4)
+    assert saved.strategy.fingerprint() != other.strategy.fingerprint()
+    with pytest.raises(IncompatibleStateError) as caught:
+        other.load_state_dict(saved.state_dict())
+    assert caught.value.field == "strategy_fingerprint"
+
+
 def test_a_source_added_between_runs_is_refused_naming_the_dataset_size() -> None:
     state = StatefulSampler(60, strategy=Mixture([7, 23, 30], [5, 3, 2], num_samples=50)).state_dict()
     grown = StatefulSampler(70, strategy=Mixture([7, 23, 30, 10], [5, 3, 2, 1], num_samples=50))

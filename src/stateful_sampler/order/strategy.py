@@ -14,6 +14,7 @@ strategy would place other records.
 from __future__ import annotations
 
 import hashlib
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -107,13 +108,16 @@ class Strategy(ABC):
 
     def _hash(self) -> str:
         digest = hashlib.blake2b(self.name.encode(), digest_size=8)
-        for part in self._identity():
-            if isinstance(part, np.ndarray):
-                digest.update(str(part.dtype).encode() + repr(part.shape).encode())
-                digest.update(np.ascontiguousarray(part).tobytes())
-            else:
-                digest.update(repr(part).encode())
-            digest.update(b"|")
+        # repr in full: NumPy abbreviates an array of more than 1,000 values with "...", so the weights of a mixture
+        # of more sources, held in a tuple, would leave its fingerprint unchanged (a smaller array's repr is the same)
+        with np.printoptions(threshold=sys.maxsize):
+            for part in self._identity():
+                if isinstance(part, np.ndarray):
+                    digest.update(str(part.dtype).encode() + repr(part.shape).encode())
+                    digest.update(np.ascontiguousarray(part).tobytes())
+                else:
+                    digest.update(repr(part).encode())
+                digest.update(b"|")
         return digest.hexdigest()
 
     def _identity(self) -> tuple[Any, ...]:
