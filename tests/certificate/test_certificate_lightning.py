@@ -86,30 +86,15 @@ def test_a_fit_over_a_stream_stopped_and_resumed_certifies_the_uninterrupted_dat
     and exactly at an epoch's end, then resumed from ``last.ckpt``, certifies the uninterrupted fit's data."""
     import json
 
-    from lightning.pytorch import Trainer
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     from stateful_sampler.certificate import record_certificate, stop_certificate
-    from stateful_sampler.lightning import SamplerCheckpoint
-    from tests.stream.stream_lightning_fit import Recording, StreamData
+    from tests.stream.stream_lightning_fit import stopped_and_resumed
     from tests.stream.stream_lightning_run import COUNTS
-
-    def fit(root: Path, max_steps: int, ckpt_path: str | None = None) -> None:
-        trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, max_steps=max_steps, logger=False,
-                          callbacks=[SamplerCheckpoint(), ModelCheckpoint(root, save_last=True, every_n_train_steps=1)],
-                          enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-        trainer.fit(Recording(root), StreamData(workers=0), ckpt_path=ckpt_path)
 
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     whole.mkdir(), cut.mkdir()
-    try:
+    try:  # one certificate for each run, of the fits in this process (the stopped ones and their resumes)
         record_certificate(whole / "run.cert")
-        fit(whole, max_steps=-1)
-        stop_certificate()
-        record_certificate(cut / "run.cert")
-        for stop in (7, 20):  # mid-epoch, and exactly at the end of epoch 0
-            fit(cut, max_steps=stop, ckpt_path=str(cut / "last.ckpt") if stop > 7 else None)
-        fit(cut, max_steps=-1, ckpt_path=str(cut / "last.ckpt"))
+        stopped_and_resumed(whole, cut, between=lambda: (stop_certificate(), record_certificate(cut / "run.cert")))
     finally:
         stop_certificate()
     uninterrupted = read_run(whole / "run.cert")

@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import signal
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,26 @@ class KillAt(Callback):
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
         if trainer.global_step == self.step and trainer.global_rank == 0:
             os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def fit_stopped_at(root: Path, max_steps: int, ckpt_path: str | None = None) -> None:
+    """One fit in this process, on one device at 0 workers, stopped by ``max_steps`` (-1: the 2 epochs), from
+    ``ckpt_path`` when given; ``last.ckpt`` after every step."""
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, max_steps=max_steps, logger=False,
+                      callbacks=[SamplerCheckpoint(), ModelCheckpoint(root, save_last=True, every_n_train_steps=1)],
+                      enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(Recording(root), StreamData(workers=0), ckpt_path=ckpt_path)
+
+
+def stopped_and_resumed(whole: Path, cut: Path, between: Callable[[], object] | None = None) -> None:
+    """The uninterrupted fit in ``whole``; in ``cut``, fits stopped mid-epoch and exactly at the end of epoch 0,
+    each resumed from ``last.ckpt``, then the rest (``between`` is called before them)."""
+    fit_stopped_at(whole, max_steps=-1)
+    if between is not None:
+        between()
+    for stop in (7, 20):
+        fit_stopped_at(cut, max_steps=stop, ckpt_path=str(cut / "last.ckpt") if stop > 7 else None)
+    fit_stopped_at(cut, max_steps=-1, ckpt_path=str(cut / "last.ckpt"))
 
 
 def main(root: Path, workers: int, devices: int, kill_at: int) -> None:

@@ -80,24 +80,11 @@ def test_lightning_ddp_on_a_stream_killed_mid_epoch_resumes_exactly_with_2_worke
 
 
 def test_lightning_on_a_stream_stopped_by_max_steps_resumes_exactly_in_process(tmp_path: Path) -> None:
-    from lightning.pytorch import Trainer
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from stateful_sampler.lightning import SamplerCheckpoint
-    from tests.stream.stream_lightning_fit import Recording, StreamData
-
-    def fit(root: Path, max_steps: int, ckpt_path: str | None = None) -> None:
-        trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, max_steps=max_steps, logger=False,
-                          callbacks=[SamplerCheckpoint(), ModelCheckpoint(root, save_last=True, every_n_train_steps=1)],
-                          enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-        trainer.fit(Recording(root), StreamData(workers=0), ckpt_path=ckpt_path)
+    from tests.stream.stream_lightning_fit import stopped_and_resumed
 
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     whole.mkdir(), cut.mkdir()
-    fit(whole, max_steps=-1)
-    for stop in (7, 20):  # mid-epoch, and exactly at the end of epoch 0
-        fit(cut, max_steps=stop, ckpt_path=str(cut / "last.ckpt") if stop > 7 else None)
-    fit(cut, max_steps=-1, ckpt_path=str(cut / "last.ckpt"))
+    stopped_and_resumed(whole, cut)
     expected = steps(whole, 0)
     assert len(expected) == 40 and [line["step"] for line in expected] == list(range(40))
     assert [line for line in steps(cut, 0)] == expected
