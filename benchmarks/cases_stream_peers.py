@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume-only", action="store_true", help="only the resume cost at 0 workers (for 10^6+)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each resume, a fresh process each: the median")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     results = run(args.records, tuple(args.systems), args.resume_only, repeat=args.repeat)
     for system, result in results.items():
         print(system, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
