@@ -69,6 +69,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--cpu-report", type=int, default=0, metavar="N", help="show the N tests that cost most CPU")
 
 
+_PHASE_STARTED = pytest.StashKey[float]()  # the CPU seconds at the start of a test's phase under way
+
+
 def _cpu_seconds() -> float:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
@@ -79,19 +82,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """Each phase's CPU on its report (``user_properties`` travel from an xdist worker to the controller)."""
     outcome = yield
     if item.config.getoption("--cpu-report"):
-        report = outcome.get_result()
-        started = item.stash.get(_PHASE_STARTED, None)
+        now, started = _cpu_seconds(), item.stash.get(_PHASE_STARTED, None)
         if started is not None:
-            report.user_properties.append(("cpu_seconds", _cpu_seconds() - started))
-        item.stash[_PHASE_STARTED] = _cpu_seconds()  # the next phase begins now
-
-
-_PHASE_STARTED = pytest.StashKey[float]()
+            outcome.get_result().user_properties.append(("cpu_seconds", now - started))
+        item.stash[_PHASE_STARTED] = now  # the next phase begins now
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
-    item.stash[_PHASE_STARTED] = _cpu_seconds()
+    if item.config.getoption("--cpu-report"):
+        item.stash[_PHASE_STARTED] = _cpu_seconds()
     yield
 
 
