@@ -92,9 +92,14 @@ def test_a_fit_over_a_stream_stopped_and_resumed_certifies_the_uninterrupted_dat
 
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     whole.mkdir(), cut.mkdir()
-    try:  # one certificate for each run, of the fits in this process (the stopped ones and their resumes)
+
+    def certify_the_cut_run() -> None:  # after the uninterrupted fit: the stopped fits and their resumes
+        stop_certificate()
+        record_certificate(cut / "run.cert")
+
+    try:  # one certificate for each run, of the fits in this process
         record_certificate(whole / "run.cert")
-        stopped_and_resumed(whole, cut, between=lambda: (stop_certificate(), record_certificate(cut / "run.cert")))
+        stopped_and_resumed(whole, cut, between=certify_the_cut_run)
     finally:
         stop_certificate()
     uninterrupted = read_run(whole / "run.cert")
