@@ -5,6 +5,14 @@ LightningCLI config (``verify.lightning_cli``, the only module here importing Li
 command (``verify.command``), recorded through the library's own ``ResumableLoader`` hook.
 """
 
-from stateful_sampler.verify.loader_hook import record_weights
+from typing import TYPE_CHECKING
+
+from stateful_sampler.exports import lazy_exports
+
+if TYPE_CHECKING:
+    from stateful_sampler.verify.loader_hook import record_weights
+
+# at its first use: verify's guard process imports this package and needs no torch
+__getattr__, __dir__ = lazy_exports(__name__, {"stateful_sampler.verify.loader_hook": ("record_weights",)})
 
 __all__ = ["record_weights"]
