@@ -61,6 +61,8 @@ from stateful_sampler.stream.readers import (
     ShardReader,
     identity_in_two_steps,
     reads_whole_shard,
+    rows_reader,
+    rows_span_reader,
     span_reader,
 )
 from stateful_sampler.stream.remote import StoredIdentity
@@ -189,6 +191,30 @@ class ShardCache:
     def read_span(self, shard: str, start: int, stop: int) -> Sequence[Any]:
         """The inner reader's ``read_span`` of the local copy (its ``read`` for a reader without one)."""
         return self._read(span_reader(self.reader), shard, start, stop)
+
+    @property
+    def read_rows(self) -> Callable[[str, Any], Sequence[Any]]:
+        """The inner reader's ``read_rows`` of the local copy, so that a first batch after a resume reads only
+        its own records through the cache too. Only where the inner reader has one (``rows_reader``): otherwise
+        an ``AttributeError``, and the stream reads spans, as it would from the inner reader."""
+        return self._rows_through(rows_reader(self.reader), "read_rows")
+
+    @property
+    def read_rows_span(self) -> Callable[[str, Any], Sequence[Any]]:
+        """The inner reader's ``read_rows_span`` of the local copy, where it has one (see ``read_rows``)."""
+        return self._rows_through(rows_span_reader(self.reader), "read_rows_span")
+
+    def _rows_through(
+        self, inner: Callable[[str, Any], Sequence[Any]] | None, name: str
+    ) -> Callable[[str, Any], Sequence[Any]]:
+        if inner is None:
+            raise AttributeError(f"{type(self.reader).__name__} reads no rows by index ({name}): the cache reads spans")
+        read = inner
+
+        def rows_of_copy(shard: str, rows: Any) -> Sequence[Any]:
+            return self._read(lambda path, _start, _stop: read(path, rows), shard, 0, 0)
+
+        return rows_of_copy
 
     def _read(self, read: Callable[[str, int, int], Sequence[Any]], shard: str, start: int, stop: int) -> Sequence[Any]:
         path = self.fetch(shard)
