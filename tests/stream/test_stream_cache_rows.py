@@ -11,6 +11,7 @@ from stateful_sampler.stream import JsonlReader, ParquetReader, ShardCache, Shar
 from stateful_sampler.stream.readers import rows_reader, rows_span_reader
 from tests.stream.test_stream_first_batch import GROUP, ROWS, SHARDS, batches, stream_of
 from tests.stream.test_stream_remote import write_parquet
+from tests.stream_helpers import MemoryReader
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +44,11 @@ def test_the_cache_reads_rows_as_the_inner_reader_does(shards: list[str], tmp_pa
 
 
 def test_without_rows_in_the_inner_reader_the_cache_has_none(tmp_path: Path) -> None:
-    cache = ShardCache(JsonlReader(), tmp_path / "cache", max_bytes=1 << 30)
+    cache = ShardCache(MemoryReader([4]), tmp_path / "cache", max_bytes=1 << 30)  # type: ignore[arg-type]
     assert rows_reader(cache) is None and rows_span_reader(cache) is None
-    with pytest.raises(AttributeError, match=r"JsonlReader reads no rows by index \(read_rows\)"):
+    with pytest.raises(AttributeError, match=r"MemoryReader reads no rows by index \(read_rows\)"):
         cache.read_rows  # noqa: B018
+    assert rows_reader(ShardCache(JsonlReader(), tmp_path / "jsonl", max_bytes=1 << 30)) is not None
 
 
 def test_a_row_past_the_copys_end_is_named_by_the_shards_url(shards: list[str], tmp_path: Path) -> None:

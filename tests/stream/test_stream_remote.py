@@ -15,9 +15,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.stream import JsonlReader, ParquetReader, ShardCache, ShardedStream, ShardReadError
+from tests.helpers import scaled_examples
 from tests.s3_server import s3_server
 
 
@@ -186,6 +189,30 @@ def test_jsonl_reads_rows_and_counts_non_blank_lines(tmp_path: Path, name: str) 
     assert reader.read(path, 3, 6) == [{"x": 3}, {"x": 4}, {"x": 5}]
     assert reader.read(path, 8, 20) == [{"x": 8}, {"x": 9}]
     assert reader.stats.rows == 5  # only the rows asked for are decoded
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz"])
+@given(rows=st.lists(st.integers(0, 11), max_size=8), blank=st.sets(st.integers(0, 11)))
+@settings(max_examples=scaled_examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_jsonl_read_rows_decodes_only_the_rows_asked_in_their_order(
+    tmp_path: Path, name: str, rows: list[int], blank: set[int]
+) -> None:
+    path = tmp_path / name
+    lines = "".join(json.dumps({"x": value}) + "\n" + (" \n" if value in blank else "") for value in range(12))
+    with (gzip.open if name.endswith(".gz") else open)(path, "wt") as file:  # type: ignore[operator]
+        file.write(lines)
+    reader = JsonlReader()
+    assert reader.read_rows(str(path), rows) == [reader.read(str(path), row, row + 1)[0] for row in rows]
+    assert reader.stats.converted == len(set(rows)) + len(rows)  # read_rows's distinct rows, then one a row
+
+
+def test_jsonl_read_rows_past_the_end_or_negative_is_refused_naming_the_shard(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "short.jsonl", list(range(5)))
+    with pytest.raises(ShardReadError, match=r"short.jsonl' ends before row 5, which was asked: it holds fewer"):
+        JsonlReader().read_rows(path, [4, 5, 1])
+    with pytest.raises(ShardReadError, match=r"short.jsonl': row -1 was asked; rows start at 0"):
+        JsonlReader().read_rows(path, [0, -1])
+    assert JsonlReader().read_rows(path, []) == []
 
 
 def test_jsonl_bad_line_names_shard_line_and_row(tmp_path: Path) -> None:

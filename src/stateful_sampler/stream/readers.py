@@ -419,7 +419,8 @@ class JsonlReader:
 
     ``count`` reads the whole shard (JSON Lines has no footer): for remote shards pass ``counts=``
     to the stream, or each shard is read once more to count it (under a ``ShardCache``, the node's
-    copy, which the reads then use). ``read`` scans to ``stop`` and decodes only rows ``start .. stop - 1``.
+    copy, which the reads then use). ``read`` scans to ``stop`` and decodes only rows ``start .. stop - 1``;
+    ``read_rows`` decodes only the rows asked (a resume's first batch: its own records, not a window's span).
 
     Example:
         >>> stream = ShardedStream(["s3://bucket/a.jsonl"], JsonlReader(), batch_size=8)  # doctest: +SKIP
@@ -449,6 +450,31 @@ class JsonlReader:
         return _identity(self, shard, metadata)
 
     def read(self, shard: str, start: int, stop: int) -> list[Any]:
+        return self._decoded(shard, range(start, stop), stop)
+
+    def read_rows(self, shard: str, rows: Sequence[int] | np.ndarray) -> list[Any]:
+        """The records at ``rows`` (any order, repeated or not): the shard is scanned to the last of them, and
+        only their lines are decoded, so a resume's first batch decodes its own records, not a window's span.
+        A row past the shard's end raises ``ShardReadError`` naming the shard."""
+        wanted = np.asarray(rows, dtype=np.int64).tolist()
+        if not wanted:
+            return []
+        last = max(wanted)
+        if min(wanted) < 0:
+            raise ShardReadError(f"shard {shard!r}: row {min(wanted)} was asked; rows start at 0")
+        distinct_rows = sorted(set(wanted))
+        records = self._decoded(shard, set(distinct_rows), last + 1)
+        if len(records) < len(distinct_rows):
+            raise ShardReadError(
+                f"shard {shard!r} ends before row {last}, which was asked: it holds fewer records than were "
+                f"counted at start"
+            )
+        decoded = dict(zip(distinct_rows, records))
+        return [decoded[row] for row in wanted]
+
+    def _decoded(self, shard: str, rows: range | set[int], stop: int) -> list[Any]:
+        """The records of the shard's rows in ``rows`` (all below ``stop``), in the shard's order: the lines
+        are scanned to row ``stop``, and only those rows' are decoded."""
         self.stats.opened += 1
         records: list[Any] = []
         with self._lines(shard) as lines:
@@ -458,7 +484,7 @@ class JsonlReader:
                     continue
                 if row >= stop:
                     break
-                if row >= start:
+                if row in rows:
                     try:
                         records.append(json.loads(line))
                     except ValueError as error:
