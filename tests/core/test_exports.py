@@ -42,6 +42,18 @@ def test_an_unknown_name_is_an_attribute_error_naming_it() -> None:
         from stateful_sampler import Sampler  # type: ignore[attr-defined]  # noqa: F401
 
 
+def test_a_submodule_is_an_attribute_as_when_the_package_imported_it() -> None:
+    program = "import stateful_sampler; print(stateful_sampler.errors.ShardReadError.__name__, stateful_sampler.order)"
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert done.stdout.startswith("ShardReadError <module 'stateful_sampler.order'")
+
+
+def test_a_star_import_gives_every_exported_name() -> None:
+    namespace: dict[str, object] = {}
+    exec("from stateful_sampler import *", namespace)  # noqa: S102
+    assert set(stateful_sampler.__all__) <= set(namespace)
+
+
 def test_a_resolved_name_is_kept_as_a_plain_attribute() -> None:
     from stateful_sampler.order.mixture import Mixture
 
