@@ -65,6 +65,7 @@ def bin_cost(lengths: np.ndarray, *, padded: bool = False) -> int:
 # first record would have fitted in it. So a window of token sum S opens at most 1 + (S - 1) // (capacity // 2 + 1)
 # bins, its bound, and few bins fit a small row of rooms, one slot a bin (``_slot_counts``); many bins in a small
 # capacity fit a table of room values better (``_table_counts``), whose cost does not grow with the bins.
+_MAX_LOCK_STEP_TOKENS = 1 << 60  # capacity x window width: a window's tokens and its slots' codes stay in int64
 _MAX_TABLE_CAPACITY = 1 << 15  # beyond it a window's room table outgrows the caches: the slots are faster
 _SLOT_LIMIT = 512  # bounds up to which the slots beat the table (measured: 2.9x at capacity 16384, 0.35x at 2048)
 _MIN_VECTOR_WINDOWS = 32  # below it a lock-step's NumPy calls cost more than packing each window
@@ -89,7 +90,7 @@ def bin_counts(windows: np.ndarray, capacity: int, *, padded: bool = False) -> n
     windows = np.asarray(windows)
     if not windows.size:
         return np.zeros(len(windows), dtype=np.int64)
-    if not padded and len(windows) < _MIN_VECTOR_WINDOWS:
+    if not padded and (len(windows) < _MIN_VECTOR_WINDOWS or capacity * windows.shape[1] >= _MAX_LOCK_STEP_TOKENS):
         return np.array([len(pack_window(row, capacity)) for row in windows], dtype=np.int64)
     # lengths are at most capacity: int32 when it fits (half the memory traffic of the lock-step's reads)
     narrow = windows.astype(np.int32 if capacity < (1 << 31) else np.int64, copy=False)
@@ -112,9 +113,10 @@ def bin_counts(windows: np.ndarray, capacity: int, *, padded: bool = False) -> n
 
 
 def _bin_bounds(windows: np.ndarray, capacity: int) -> np.ndarray:
-    """The most bins best fit can open in each window: all but one hold more than ``capacity // 2`` tokens."""
+    """The most bins best fit can open in each window: one a record, and all but one hold more than
+    ``capacity // 2`` tokens."""
     tokens = windows.sum(axis=1, dtype=np.int64)
-    return (tokens - 1) // (capacity // 2 + 1) + 1  # type: ignore[no-any-return]
+    return np.minimum((tokens - 1) // (capacity // 2 + 1) + 1, windows.shape[1])
 
 
 def _padded_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
@@ -245,9 +247,14 @@ def _slot_counts(windows: np.ndarray, capacity: int, slots: int) -> np.ndarray:
 
 
 def _table_counts(windows: np.ndarray, capacity: int) -> np.ndarray:
-    """The unpadded bin count of each row of ``windows``, by best fit in lock-step over a room table (the comment
-    above ``_MAX_TABLE_CAPACITY``). A window's bins are its rooms at the end (a full bin's room is 0), the
-    always-present room ``capacity`` aside."""
+    """The unpadded bin count of each row of ``windows``, by best fit in lock-step over a room table.
+
+    A window's rooms are a multiset of integers in [0, capacity]: a count per value, and above it one bitmap per
+    64x (bit v of a level: value v of the level below is present), so "the smallest room >= need" is a few word
+    operations per window, whatever the number of open bins. Room ``capacity`` is a new bin: always present (its
+    count never reaches 0), so every query finds a room and every step is the same operations; room 0, a full bin,
+    is never asked for. The words are int64 (bit 63 the sign bit): shifts and masks stay in one dtype. A window's
+    bins are its rooms at the end (a full bin's room is 0), the always-present room ``capacity`` aside."""
     count, width = windows.shape
     order, live_at, needs, rows, alone_lengths = _longest_first(windows, capacity, np.int64)
     steps = len(live_at)
