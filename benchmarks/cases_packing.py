@@ -243,14 +243,14 @@ def kernels(capacities: list[int], windows: int = 1024, width: int = 4096, repea
     for capacity in capacities:
         seconds = {}
         for kernel, limit in (("slots", 1 << 62), ("table", 0)):
-            with mock.patch.object(packing, "_SLOT_LIMIT", limit):
+            with mock.patch.object(packing, "_SLOT_LIMIT", limit):  # private: the kernel choice (docstring)
                 runs = []
                 for _ in range(repeat):
                     started = process_time()
                     counts = packing.bin_counts(lengths, capacity)
                     runs.append((process_time() - started) / windows)
                 seconds[kernel] = min(runs)
-        bound = int(packing._bin_bounds(lengths, capacity).max())
+        bound = int(packing._bin_bounds(lengths, capacity).max())  # private: what the choice is made by
         result[str(capacity)] = {**seconds, "bound": bound, "bins": int(counts.max())}
     return result
 

@@ -50,7 +50,8 @@ def degenerate_windows(draw: st.DrawFn) -> tuple[np.ndarray, int]:
 def test_every_kernel_counts_the_reference_bins_of_degenerate_windows(windows, table):
     lengths, capacity = windows
     expected = [len(reference_pack_window(row.tolist(), capacity, False)) for row in lengths]
-    with mock.patch.object(packing, "_SLOT_LIMIT", 0 if table else packing._SLOT_LIMIT):  # 0: the table if it can
+    # private: the kernel choice is private; a slot limit of 0 takes the table wherever the capacity allows it
+    with mock.patch.object(packing, "_SLOT_LIMIT", 0 if table else packing._SLOT_LIMIT):
         assert bin_counts(lengths, capacity).tolist() == expected
 
 
@@ -58,6 +59,7 @@ def test_a_window_past_its_slots_is_packed_alone_and_counted_exactly():
     # three records of half the capacity make two bins; with one slot a window the second finds no slot
     lengths = np.full((32, 3), 3, dtype=np.int64)
     lengths[5] = [1, 1, 1]  # one bin: fits its one slot
+    # private: a bound too low cannot come from real inputs (it is proven), so it is put in here
     with mock.patch.object(packing, "_bin_bounds", lambda windows, capacity: np.ones(len(windows), dtype=np.int64)):
         assert bin_counts(lengths, 6).tolist() == [2] * 5 + [1] + [2] * 26
 
@@ -65,7 +67,7 @@ def test_a_window_past_its_slots_is_packed_alone_and_counted_exactly():
 def test_few_bins_take_the_slots_and_many_bins_in_a_small_capacity_the_table():
     lengths = np.full((32, 800), 2, dtype=np.int64)  # capacity 4, two records a bin: bound 533, the table
     counted: list[str] = []
-    slots, table = packing._slot_counts, packing._table_counts
+    slots, table = packing._slot_counts, packing._table_counts  # private: which kernel counted is private
     with (
         mock.patch.object(packing, "_slot_counts", lambda *a: counted.append("slots") or slots(*a)),
         mock.patch.object(packing, "_table_counts", lambda *a: counted.append("table") or table(*a)),
