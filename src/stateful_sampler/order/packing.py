@@ -177,18 +177,22 @@ def _longest_first(windows: np.ndarray, capacity: int, dtype: type) -> tuple[np.
     one step each. Their lengths are laid out step by step (``needs`` row t: every window's t-th such record, as
     ``dtype``), so a step reads a slice, and windows are ordered by how many such records they have (``order``:
     lane i is window order[i]), so the windows still packing at step t are the first ``live_at[t]`` lanes. The
-    records alone are ``alone_lengths``, in lane ``alone_lanes`` (ascending)."""
+    records alone are ``alone_lengths``, in lane ``alone_lanes``, the ``alone_ranks``-th of their lane."""
     width = windows.shape[1]
     alone = windows > capacity // 2
-    order = np.argsort(alone.sum(axis=1), kind="stable")
-    left = width - alone.sum(axis=1)[order]
+    singles = alone.sum(axis=1)
+    order = np.argsort(singles, kind="stable")
+    left = width - singles[order]
     steps = int(left[0])
-    rest = np.where(alone, 0, windows)[order]  # the records alone as 0: sorted last, never read
+    rest = windows[order]
+    rest[alone[order]] = 0  # the records alone as 0: sorted last, never read
     rest.sort(axis=1)
     needs = _transposed(rest[:, ::-1][:, :steps], dtype)
     live_at = np.searchsorted(-left, -np.arange(steps), side="left")  # lanes with more than t records to place
-    alone_lanes, columns = np.nonzero(alone[order])
-    return order, live_at, needs, alone_lanes, windows[order[alone_lanes], columns]
+    rows, columns = np.nonzero(alone)  # row-major: a window's records alone are a run
+    lane_of_window = np.argsort(order)
+    ranks = np.arange(len(rows)) - np.searchsorted(rows, rows)
+    return order, live_at, needs, lane_of_window[rows], ranks, windows[rows, columns]
 
 
 def _transposed(rows: np.ndarray, dtype: type) -> np.ndarray:
@@ -214,13 +218,12 @@ def _slot_counts(windows: np.ndarray, capacity: int, slots: int) -> np.ndarray:
     shift = max(1, (slots - 1).bit_length())
     full = capacity << shift  # a fitting slack is below it, a negative one (as unsigned) above it
     dtype, unsigned = (np.int32, np.uint32) if (capacity + 1) << shift < (1 << 31) else (np.int64, np.uint64)
-    order, live_at, needs, alone_lanes, alone_lengths = _longest_first(windows, capacity, dtype)
+    order, live_at, needs, alone_lanes, alone_ranks, alone_lengths = _longest_first(windows, capacity, dtype)
     needs <<= shift
     count = len(windows)
     rooms = np.full((slots, count), full, dtype=dtype)
     rooms += np.arange(slots, dtype=dtype)[:, None]
-    rank = np.arange(len(alone_lanes)) - np.searchsorted(alone_lanes, alone_lanes)  # each lane's records alone: 0..
-    rooms[rank, alone_lanes] -= alone_lengths.astype(dtype) << shift
+    rooms[alone_ranks, alone_lanes] -= alone_lengths.astype(dtype) << shift
     flat = rooms.reshape(-1)
     lanes = np.arange(count, dtype=np.intp)
     slack = np.empty(slots * count, dtype=dtype)
@@ -258,7 +261,7 @@ def _table_counts(windows: np.ndarray, capacity: int) -> np.ndarray:
     is never asked for. The words are int64 (bit 63 the sign bit): shifts and masks stay in one dtype. A window's
     bins are its rooms at the end (a full bin's room is 0), the always-present room ``capacity`` aside."""
     count, width = windows.shape
-    order, live_at, needs, rows, alone_lengths = _longest_first(windows, capacity, np.int64)
+    order, live_at, needs, rows, _, alone_lengths = _longest_first(windows, capacity, np.int64)
     steps = len(live_at)
     values = capacity + 1
     new_bin = width + 1  # the count of room ``capacity``: more than the bins a row can open
