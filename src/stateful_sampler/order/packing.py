@@ -228,6 +228,7 @@ def _slot_counts(windows: np.ndarray, capacity: int, slots: int) -> np.ndarray:
     lanes = np.arange(count, dtype=np.intp)
     slack = np.empty(slots * count, dtype=dtype)
     best = np.empty(count, dtype=unsigned)
+    slots_at = np.empty(count, dtype=np.intp)
     lost = np.zeros(count, dtype=bool)
     opened = int(np.bincount(alone_lanes, minlength=1).max())
     mask = (1 << shift) - 1
@@ -239,7 +240,7 @@ def _slot_counts(windows: np.ndarray, capacity: int, slots: int) -> np.ndarray:
         np.minimum.reduce(fits.view(unsigned), axis=0, out=best[:live])
         if read == slots:  # every slot may be open: a record may find none
             lost[:live] |= best[:live] >= full
-        at = (best[:live] & mask).astype(np.intp)
+        at = np.bitwise_and(best[:live], mask, out=slots_at[:live])
         opened = max(opened, int(at.max()) + 1)
         at *= count
         at += lanes[:live]
