@@ -228,6 +228,33 @@ def epoch_start(size: int, mode: str, resume: bool = True) -> dict[str, Any]:
     return result
 
 
+def kernels(capacities: list[int], windows: int = 1024, width: int = 4096, repeat: int = 3) -> dict[str, Any]:
+    """CPU seconds per window (the best of ``repeat``: other work on the cores inflates wall time) of
+    ``bin_counts``' two lock-step kernels on the same log-normal windows, side by side in one run, at each
+    capacity: the slots (a row of rooms up to the window's bin bound) and the room table, with the windows' bin
+    bound (what ``_SLOT_LIMIT`` chooses by). The choice is private, so it is set here through
+    ``order.packing._SLOT_LIMIT`` (0: the table wherever the capacity allows it; huge: the slots)."""
+    from unittest import mock
+
+    from stateful_sampler.order import packing
+
+    lengths = lognormal_lengths(windows * width, np.int32).reshape(windows, width)
+    result: dict[str, Any] = {}
+    for capacity in capacities:
+        seconds = {}
+        for kernel, limit in (("slots", 1 << 62), ("table", 0)):
+            with mock.patch.object(packing, "_SLOT_LIMIT", limit):  # private: the kernel choice (docstring)
+                runs = []
+                for _ in range(repeat):
+                    started = process_time()
+                    counts = packing.bin_counts(lengths, capacity)
+                    runs.append((process_time() - started) / windows)
+                seconds[kernel] = min(runs)
+        bound = int(packing._bin_bounds(lengths, capacity).max())  # private: what the choice is made by
+        result[str(capacity)] = {**seconds, "bound": bound, "bins": int(counts.max())}
+    return result
+
+
 BEFORE_ITEM_5 = "51f11899355b82ed05bc8fc12fa563115cdf31c4"  # main before issue 26 item 5 (windows packed one by one)
 
 
@@ -253,7 +280,7 @@ def run_before(name: str, base: str = BEFORE_ITEM_5, **params: Any) -> dict[str,
 
 
 CASES: dict[str, Callable[..., dict[str, Any]]] = {
-    "waste": waste, "cost": cost, "resume": resume, "memory": memory, "epoch_start": epoch_start,
+    "waste": waste, "cost": cost, "resume": resume, "memory": memory, "epoch_start": epoch_start, "kernels": kernels,
 }  # fmt: skip
 
 

@@ -61,14 +61,19 @@ def bin_cost(lengths: np.ndarray, *, padded: bool = False) -> int:
 
 
 # bin_counts: the same bins counted for many windows at once, in NumPy lock-step (one record of every window per
-# step). A window's rooms are a multiset of integers in [0, capacity]: a count per value, and above it one bitmap
-# per 64x (bit v of a level: value v of the level below is present), so "the smallest room >= need" is a few
-# word operations per window, whatever the number of open bins. Room ``capacity`` is a new bin: always present
-# (its count never reaches 0), so every query finds a room and every step is the same operations; room 0, a full
-# bin, is never asked for. The words are int64 (bit 63 the sign bit): shifts and masks stay in one dtype.
-_MAX_VECTOR_CAPACITY = 1 << 15  # beyond it a window's room table outgrows the caches: pack_window is faster
+# step), by one of two kernels. Any fit (best fit is one) leaves at most one bin at most half full: a later bin's
+# first record would have fitted in it. So a window of token sum S opens at most 1 + (S - 1) // (capacity // 2 + 1)
+# bins, its bound, and few bins fit a small row of rooms, one slot a bin (``_slot_counts``); many bins in a small
+# capacity fit a table of room values better (``_table_counts``), whose cost does not grow with the bins.
+_MAX_LOCK_STEP_TOKENS = 1 << 60  # capacity x window width: a window's tokens and its slots' codes stay in int64
+_MAX_TABLE_CAPACITY = 1 << 15  # beyond it a window's room table outgrows the caches: the slots are faster
+# bounds up to which the slots beat the table: CPU ms a log-normal window of 4096, slots / table, 0.33 / 0.42 at
+# capacity 4096 (bound 506), 0.45 / 0.28 at 3072 (bound 674), 0.13 / 0.47 at 16384 (``cases_packing kernels``)
+_SLOT_LIMIT = 512
 _MIN_VECTOR_WINDOWS = 32  # below it a lock-step's NumPy calls cost more than packing each window
-_TABLE_CELLS = 1 << 25  # room counts held at once (64 MB of uint16): windows per lock-step batch
+_SLOT_CELLS = 1 << 20  # slots held at once (4 MiB of int32, twice: rooms and slack): windows per slot batch
+_TRANSPOSED_ROWS = 16  # rows a block of a blocked transpose: 16 cache lines a column, in L1
+_TABLE_CELLS = 1 << 25  # room counts held at once (64 MB of uint16): windows per table batch
 _ONE = np.int64(1)
 _ALL = np.int64(-1)
 _EXPONENT = np.int64(52)
@@ -87,16 +92,33 @@ def bin_counts(windows: np.ndarray, capacity: int, *, padded: bool = False) -> n
     windows = np.asarray(windows)
     if not windows.size:
         return np.zeros(len(windows), dtype=np.int64)
-    if not padded and (capacity > _MAX_VECTOR_CAPACITY or len(windows) < _MIN_VECTOR_WINDOWS):
+    if not padded and (len(windows) < _MIN_VECTOR_WINDOWS or capacity * windows.shape[1] >= _MAX_LOCK_STEP_TOKENS):
         return np.array([len(pack_window(row, capacity)) for row in windows], dtype=np.int64)
     # lengths are at most capacity: int32 when it fits (half the memory traffic of the lock-step's reads)
     narrow = windows.astype(np.int32 if capacity < (1 << 31) else np.int64, copy=False)
     if padded:
         return _padded_counts(np.sort(narrow, axis=1)[:, ::-1], capacity)  # np.sort copies: the caller's is kept
+    bounds = _bin_bounds(narrow, capacity)
+    slots = int(bounds.max())
+    if slots <= _SLOT_LIMIT or capacity > _MAX_TABLE_CAPACITY:
+        per_batch = max(1, _SLOT_CELLS // slots)
+        return np.concatenate(
+            [
+                _slot_counts(narrow[at : at + per_batch], capacity, int(bounds[at : at + per_batch].max()))
+                for at in range(0, len(windows), per_batch)
+            ]
+        )
     per_batch = max(1, _TABLE_CELLS // capacity)
     return np.concatenate(
-        [_best_fit_counts(narrow[at : at + per_batch], capacity) for at in range(0, len(windows), per_batch)]
+        [_table_counts(narrow[at : at + per_batch], capacity) for at in range(0, len(windows), per_batch)]
     )
+
+
+def _bin_bounds(windows: np.ndarray, capacity: int) -> np.ndarray:
+    """The most bins best fit can open in each window: one a record, and all but one hold more than
+    ``capacity // 2`` tokens."""
+    tokens = windows.sum(axis=1, dtype=np.int64)
+    return np.minimum((tokens - 1) // (capacity // 2 + 1) + 1, windows.shape[1])
 
 
 def _padded_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
@@ -147,32 +169,105 @@ def _reach(words: int) -> int:
     return (1 << (words - 1).bit_length()) - 1
 
 
-def _best_fit_counts(windows: np.ndarray, capacity: int) -> np.ndarray:
-    """The unpadded bin count of each row of ``windows`` (lengths in any order), by best fit in lock-step.
+def _longest_first(windows: np.ndarray, capacity: int, dtype: type) -> tuple[np.ndarray, ...]:
+    """What both kernels step through, for the unpadded bins of the rows of ``windows`` (lengths in any order).
 
     A record longer than ``capacity // 2`` finds every open bin's room below it (the bin's first record is at
     least as long), so those records open one bin each and only put their rooms in; the rest, longest first, take
-    one step each. Their lengths are laid out step by step (row t: every window's t-th such record), so a step
-    reads a slice, and windows are ordered by how many such records they have, so the windows still packing at a
-    step are a prefix. A window's bins are its rooms at the end (a full bin's room is 0), the always-present room
-    ``capacity`` aside."""
-    count, width = windows.shape
+    one step each. Their lengths are laid out step by step (``needs`` row t: every window's t-th such record, as
+    ``dtype``), so a step reads a slice, and windows are ordered by how many such records they have (``order``:
+    lane i is window order[i]), so the windows still packing at step t are the first ``live_at[t]`` lanes. The
+    records alone are ``alone_lengths``, in lane ``alone_lanes``, the ``alone_ranks``-th of their lane."""
+    width = windows.shape[1]
     alone = windows > capacity // 2
     singles = alone.sum(axis=1)
     order = np.argsort(singles, kind="stable")
-    singles = singles[order]
-    left = width - singles
+    left = width - singles[order]
     steps = int(left[0])
-    if not steps:  # every record alone (capacity 1, or every record longer than half of it)
-        return singles.astype(np.int64)[np.argsort(order)]
-    rest = np.where(alone, 0, windows)[order]  # the records alone as 0: sorted last, never read
+    rest = windows[order]
+    rest[alone[order]] = 0  # the records alone as 0: sorted last, never read
     rest.sort(axis=1)
-    needs = np.ascontiguousarray(rest[:, ::-1][:, :steps].T, dtype=np.int64)
+    needs = _transposed(rest[:, ::-1][:, :steps], dtype)
+    live_at = np.searchsorted(-left, -np.arange(steps), side="left")  # lanes with more than t records to place
+    rows, columns = np.nonzero(alone)  # row-major: a window's records alone are a run
+    lane_of_window = np.argsort(order)
+    ranks = np.arange(len(rows)) - np.searchsorted(rows, rows)
+    return order, live_at, needs, lane_of_window[rows], ranks, windows[rows, columns]
+
+
+def _transposed(rows: np.ndarray, dtype: type) -> np.ndarray:
+    """``rows.T`` as a C-contiguous array of ``dtype``, copied a block of rows at a time: a copy of the whole
+    transposed view reads down a column, a cache miss an element (4x slower, measured at 2048 x 4096 int32)."""
+    out: np.ndarray = np.empty(rows.shape[::-1], dtype=dtype)
+    for at in range(0, len(rows), _TRANSPOSED_ROWS):
+        out[:, at : at + _TRANSPOSED_ROWS] = rows[at : at + _TRANSPOSED_ROWS].T
+    return out
+
+
+def _slot_counts(windows: np.ndarray, capacity: int, slots: int) -> np.ndarray:
+    """The unpadded bin count of each row of ``windows``, by best fit in lock-step over ``slots`` rooms a window
+    (at least its bin bound, ``_bin_bounds``): a window's rooms are a column, so a step reads the first rows.
+
+    A slot is its room and its index in one integer, ``room << shift | slot``, a slot not opened yet having room
+    ``capacity``. A step subtracts the record from every slot, so a room that fits leaves room - need >= 0 and one
+    that does not a negative number, huge as unsigned: the unsigned minimum is the best fit's slot (the least room
+    that fits, an open bin before a new one; ties between equal rooms leave the same rooms, so the same count).
+    Slots open in order (a new bin is the lowest slot not opened), so a step reads only the slots opened so far
+    and one more. A record that finds no slot at all (the bound too low) makes its window packed alone, never a
+    wrong count."""
+    shift = max(1, (slots - 1).bit_length())
+    full = capacity << shift  # a fitting slack is below it, a negative one (as unsigned) above it
+    dtype, unsigned = (np.int32, np.uint32) if (capacity + 1) << shift < (1 << 31) else (np.int64, np.uint64)
+    order, live_at, needs, alone_lanes, alone_ranks, alone_lengths = _longest_first(windows, capacity, dtype)
+    needs <<= shift
+    count = len(windows)
+    rooms = np.full((slots, count), full, dtype=dtype)
+    rooms += np.arange(slots, dtype=dtype)[:, None]
+    rooms[alone_ranks, alone_lanes] -= alone_lengths.astype(dtype) << shift
+    flat = rooms.reshape(-1)
+    lanes = np.arange(count, dtype=np.intp)
+    slack = np.empty(slots * count, dtype=dtype)
+    best = np.empty(count, dtype=unsigned)
+    slots_at = np.empty(count, dtype=np.intp)
+    lost = np.zeros(count, dtype=bool)
+    opened = int(np.bincount(alone_lanes, minlength=1).max())
+    mask = (1 << shift) - 1
+    for step, live in enumerate(live_at.tolist()):
+        need = needs[step, :live]
+        read = min(opened + 1, slots)
+        fits = slack[: read * live].reshape(read, live)
+        np.subtract(rooms[:read, :live], need, out=fits)
+        np.minimum.reduce(fits.view(unsigned), axis=0, out=best[:live])
+        if read == slots:  # every slot may be open: a record may find none
+            lost[:live] |= best[:live] >= full
+        at = np.bitwise_and(best[:live], mask, out=slots_at[:live])
+        opened = max(opened, int(at.max()) + 1)
+        at *= count
+        at += lanes[:live]
+        flat[at] -= need
+    bins = np.empty(count, dtype=np.int64)
+    bins[order] = (rooms < full).sum(axis=0)  # an open slot's room is below capacity
+    for lane in np.flatnonzero(lost).tolist():
+        bins[order[lane]] = len(pack_window(windows[order[lane]], capacity))
+    return bins
+
+
+def _table_counts(windows: np.ndarray, capacity: int) -> np.ndarray:
+    """The unpadded bin count of each row of ``windows``, by best fit in lock-step over a room table.
+
+    A window's rooms are a multiset of integers in [0, capacity]: a count per value, and above it one bitmap per
+    64x (bit v of a level: value v of the level below is present), so "the smallest room >= need" is a few word
+    operations per window, whatever the number of open bins. Room ``capacity`` is a new bin: always present (its
+    count never reaches 0), so every query finds a room and every step is the same operations; room 0, a full bin,
+    is never asked for. The words are int64 (bit 63 the sign bit): shifts and masks stay in one dtype. A window's
+    bins are its rooms at the end (a full bin's room is 0), the always-present room ``capacity`` aside."""
+    count, width = windows.shape
+    order, live_at, needs, rows, _, alone_lengths = _longest_first(windows, capacity, np.int64)
+    steps = len(live_at)
     values = capacity + 1
     new_bin = width + 1  # the count of room ``capacity``: more than the bins a row can open
     table = np.zeros((count, values), dtype=np.uint16 if new_bin < (1 << 16) else np.int64)  # rooms of a value
-    rows, columns = np.nonzero(alone[order])
-    np.add.at(table, (rows, capacity - windows[order[rows], columns]), 1)
+    np.add.at(table, (rows, capacity - alone_lengths), 1)
     table[:, capacity] = new_bin
     widths = _level_widths(capacity)
     present = table > 0
@@ -185,7 +280,6 @@ def _best_fit_counts(windows: np.ndarray, capacity: int) -> np.ndarray:
         present = packed != 0
     reaches = [_reach(level_width) for level_width in widths]
     rooms = table.reshape(-1)
-    live_at = np.searchsorted(-left, -np.arange(steps), side="left")  # rows with more than t records to place
     bases = [np.arange(count, dtype=np.int64) * level_width for level_width in widths]
     room_base = np.arange(count, dtype=np.int64) * values
     top, top_words = len(widths) - 1, levels[-1]
