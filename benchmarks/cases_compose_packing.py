@@ -1,7 +1,7 @@
 """Issue 26 item 5, part of the figure ``compose`` (``python -m benchmarks --only compose``): whole-record
 packing's epoch start at 10^6 / 10^7 (and 10^8 with ``--full``), three implementations side by side in one run:
 
-- ours (this tree): ``bin_counts``' lock-step with an always-present new-bin room;
+- ours (this tree): ``bin_counts``' lock-step (a row of slots a window where it opens few bins, else the room table);
 - the first vectorised count (``FIRST_LOCK_STEP``, main before this change);
 - the walk before item 5 (``cases_packing.BEFORE_ITEM_5``): every window packed one by one in Python.
 
@@ -33,7 +33,7 @@ def figure(mode: Mode, run_case: Any, figures: Any) -> None:
         figure_name = f"whole-record packing: epoch start, N={label} log-normal int32 lengths (median 148)"
         for packing_mode in ("rows-whole",) if mode.smoke else EPOCH_START_MODES:  # smoke: that the figure runs
             ours = run("epoch_start", size=size, mode=packing_mode, resume=size == 10**8)
-            figures.rows.append(Row(figure_name, packing_mode, "ours: lock-step, new-bin room", ours["seconds"], "s",
+            figures.rows.append(Row(figure_name, packing_mode, "ours: lock-step, slots or room table", ours["seconds"], "s",
                                     ours["peak_mib_above_baseline"],
                                     f"{ours['rows']} rows; CPU {ours['cpu_seconds']:.3g} s"))  # fmt: skip
             for base, system in ((FIRST_LOCK_STEP, "first lock-step"), (BEFORE_ITEM_5, "windows packed one by one")):

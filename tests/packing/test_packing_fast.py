@@ -29,8 +29,8 @@ def _old_rows(lengths: np.ndarray, capacity: int, seed: int, window: int, epoch:
     return rows
 
 
-# every path of the lock-step: one bitmap level (capacity < 64), two, three (from 4032), the scalar fallback
-# (above 2**15), and few windows (below 32: packed one by one)
+# every path of the lock-step: the room table's one bitmap level (capacity < 64), two, three (from 4032), the
+# slots (few bins a window, or above 2**15), and few windows (below 32: packed one by one)
 capacities = st.one_of(st.integers(1, 70), st.integers(100, 700), st.integers(4020, 4110), st.just(2**15 + 1))
 
 

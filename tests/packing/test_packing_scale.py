@@ -17,7 +17,8 @@ from stateful_sampler.order.rows import RowOrder
 from stateful_sampler.order.windows import PassWindows, WindowStarts
 from tests.packing.frozen_packing import reference_pack_window
 
-# capacities on every path: one bitmap level (< 64), two, three (>= 4032), and the scalar fallback (> 2**15)
+# capacities on every path: the room table's one bitmap level (< 64), two, three (>= 4032), and above 2**15 (the
+# slots alone; a window of few bins takes the slots at any capacity)
 capacities = st.one_of(
     st.integers(1, 70), st.integers(64, 600), st.integers(4000, 4200), st.integers(2**15 - 3, 2**15 + 3)
 )
