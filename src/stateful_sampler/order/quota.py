@@ -56,12 +56,12 @@ class QuotaPeriod:
     def __init__(self, counts: np.ndarray) -> None:
         self.counts = np.asarray(counts, dtype=np.int64)
         self.period = int(self.counts.sum())
-        order = _midpoint_order(self.counts)
-        if not _inside_windows(self.counts, order):
+        order, positions = _midpoint_order(self.counts)
+        if not _inside_windows(self.counts, order, positions):
             order = _earliest_deadline_first(self.counts)
+            positions = _by_source(order)
         dtype = np.uint16 if len(self.counts) <= 1 << 16 else np.uint32
         self.sources = order.astype(dtype)
-        positions = np.argsort(self.sources, kind="stable")  # by source, each source's draws in order
         starts = (np.cumsum(self.counts) - self.counts).astype(np.uint32)
         draws = np.empty(self.period, dtype=np.uint32)
         draws[positions] = np.arange(self.period, dtype=np.uint32) - starts[self.sources[positions]]
@@ -80,20 +80,31 @@ class QuotaPeriod:
         return cycles * self.counts + partial
 
 
-def _midpoint_order(counts: np.ndarray) -> np.ndarray:
+def _midpoint_order(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Draws sorted by their midpoint (k + 1/2) / n_d (Webster's divisor method), vectorised; it keeps
-    the quota windows for most weights, and is checked before use."""
+    the quota windows for most weights, and is checked before use. With it, each draw's position, by
+    source, each source's draws in order (``_by_source`` of the order): the sort's inverse, as a
+    source's midpoints rise with k, so no second sort."""
     sources = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
     draws = np.arange(len(sources), dtype=np.int32) - (np.cumsum(counts) - counts).astype(np.int32)[sources]
     keys = (2.0 * draws + 1) / (2.0 * counts[sources])
-    return sources[np.lexsort((sources, keys))]
+    sort = np.lexsort((sources, keys))
+    positions = np.empty(len(sort), dtype=np.int64)
+    positions[sort] = np.arange(len(sort), dtype=np.int64)
+    return sources[sort], positions
 
 
-def _inside_windows(counts: np.ndarray, order: np.ndarray) -> bool:
+def _by_source(order: np.ndarray) -> np.ndarray:
+    """The positions of ``order`` by source, each source's draws in order."""
+    return np.argsort(order, kind="stable")
+
+
+def _inside_windows(counts: np.ndarray, order: np.ndarray, positions: np.ndarray | None = None) -> bool:
     """Whether every draw of ``order`` lies in its quota window (the prefix bound at every prefix);
-    checked in chunks, so the check adds O(chunk) memory to the period's."""
+    checked in chunks, so the check adds O(chunk) memory to the period's. ``positions``: ``_by_source(order)``
+    when the caller has it."""
     period = int(counts.sum())
-    positions = np.argsort(order, kind="stable").astype(np.int32)  # by source, each source's draws in order
+    positions = _by_source(order) if positions is None else positions
     starts = np.cumsum(counts) - counts
     for start in range(0, period, _CHUNK):
         at = positions[start : start + _CHUNK].astype(np.int64)
