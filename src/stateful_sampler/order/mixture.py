@@ -79,6 +79,7 @@ class Mixture(Strategy):
     """
 
     name = "mixture"
+    keeps_fingerprints = True  # a MixedStream builds its mixture at every resume: the fingerprint once per weights
 
     def __init__(
         self,
