@@ -14,6 +14,7 @@ O(Q) memory (at most ``MAX_PERIOD`` positions), and position p is period p // Q,
 from __future__ import annotations
 
 import heapq
+import weakref
 from fractions import Fraction
 
 import numpy as np
@@ -49,12 +50,13 @@ def rational_weights(name: str, weights: np.ndarray) -> np.ndarray:
 
 class QuotaPeriod:
     """One period of the interleave for integer weights ``counts``: which source each position takes,
-    and which of that source's draws in the period it is."""
+    and which of that source's draws in the period it is. Its arrays are read-only: ``quota_period``
+    shares one among the mixtures of the same weights."""
 
-    __slots__ = ("counts", "draws", "period", "sources")
+    __slots__ = ("__weakref__", "counts", "draws", "period", "sources")
 
     def __init__(self, counts: np.ndarray) -> None:
-        self.counts = np.asarray(counts, dtype=np.int64)
+        self.counts = np.array(counts, dtype=np.int64)  # a copy: read-only below, the caller's array stays as it is
         self.period = int(self.counts.sum())
         order, positions = _midpoint_order(self.counts)
         if not _inside_windows(self.counts, order, positions):
@@ -66,6 +68,8 @@ class QuotaPeriod:
         draws = np.empty(self.period, dtype=np.uint32)
         draws[positions] = np.arange(self.period, dtype=np.uint32) - starts[self.sources[positions]]
         self.draws = draws
+        for array in (self.counts, self.sources, self.draws):
+            array.flags.writeable = False
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source, draw number of that source) at each position of the stream (int64 arrays)."""
@@ -78,6 +82,22 @@ class QuotaPeriod:
         cycles, offset = divmod(position, self.period)
         partial = np.bincount(self.sources[:offset], minlength=len(self.counts)).astype(np.int64)
         return cycles * self.counts + partial
+
+
+_live: weakref.WeakValueDictionary[bytes, QuotaPeriod] = weakref.WeakValueDictionary()  # counts' bytes -> period
+
+
+def quota_period(counts: np.ndarray) -> QuotaPeriod:
+    """The period of integer weights ``counts``, built once while a mixture holds it: a mixture of the same weights
+    built meanwhile (a ``MixedStream`` builds its own at every resume; a change at a resume keeps the saved weights)
+    shares it, where building it again is O(Q), most of a mixture's set-up (a period of float weights, 10^6
+    positions, takes tenths of a second)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    key = counts.tobytes()  # exact: one int64 per source
+    period = _live.get(key)
+    if period is None:
+        period = _live[key] = QuotaPeriod(counts)
+    return period
 
 
 def _midpoint_order(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
