@@ -31,6 +31,7 @@ import copy
 import hashlib
 from bisect import bisect_right
 from collections.abc import Mapping
+from functools import cached_property
 from numbers import Integral
 from typing import Any, NamedTuple
 
@@ -125,7 +126,13 @@ class Mixture(Strategy):
             quota_period(rational_weights(name, self._per_source(name, w))) for name, w in zip(names, given)
         ]
         self._draws_before = self._segment_draws()
-        self._permutations = RaggedPermutation(self.sizes)
+
+    @cached_property
+    def _permutations(self) -> RaggedPermutation:
+        """Each source's permutations of its records, one per source-epoch: set up at the first pass drawn through
+        this mixture, not at its build (a ``MixedStream`` builds one at every resume and draws its sources' own
+        orders)."""
+        return RaggedPermutation(self.sizes)
 
     def _stream_position(self, key: Any) -> int:
         """A schedule key's stream position: ``e`` is (e, 0); ``(e, position)`` is e*num_samples + position."""
