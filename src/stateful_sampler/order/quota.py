@@ -91,7 +91,13 @@ def quota_period(counts: np.ndarray) -> QuotaPeriod:
     """The period of integer weights ``counts``, built once while a mixture holds it: a mixture of the same weights
     built meanwhile (a ``MixedStream`` builds its own at every resume; a change at a resume keeps the saved weights)
     shares it, where building it again is O(Q), most of a mixture's set-up (a period of float weights, 10^6
-    positions, takes tenths of a second)."""
+    positions, takes tenths of a second).
+
+    Example:
+        >>> period = quota_period(np.array([1, 2]))
+        >>> quota_period(np.array([1, 2])) is period, period.sources.tolist(), period.draws.tolist()
+        (True, [1, 0, 1], [0, 0, 1])
+    """
     counts = np.asarray(counts, dtype=np.int64)
     key = counts.tobytes()  # exact: one int64 per source
     period = _live.get(key)
