@@ -115,8 +115,9 @@ def _midpoint_order(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     draws = np.arange(len(sources), dtype=np.int32) - (np.cumsum(counts) - counts).astype(np.int32)[sources]
     keys = (2.0 * draws + 1) / (2.0 * counts[sources])
     sort = np.lexsort((sources, keys))
-    positions = np.empty(len(sort), dtype=np.int64)
-    positions[sort] = np.arange(len(sort), dtype=np.int64)
+    del draws, keys  # the peak memory stays the sort's
+    positions = np.empty(len(sort), dtype=np.int32)  # a period is at most 2**20 positions
+    positions[sort] = np.arange(len(sort), dtype=np.int32)
     return sources[sort], positions
 
 
