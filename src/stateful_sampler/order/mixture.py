@@ -131,8 +131,9 @@ class Mixture(Strategy):
     def _permutations(self) -> RaggedPermutation:
         """Each source's permutations of its records, one per source-epoch: set up at the first pass drawn through
         this mixture, not at its build (a ``MixedStream`` builds one at every resume and draws its sources' own
-        orders)."""
-        return RaggedPermutation(self.sizes)
+        orders). A continued mixture shares those of the mixture as built, set up once for all its continuations."""
+        own = self._own
+        return RaggedPermutation(self.sizes) if own is self else own._permutations
 
     def _stream_position(self, key: Any) -> int:
         """A schedule key's stream position: ``e`` is (e, 0); ``(e, position)`` is e*num_samples + position."""
