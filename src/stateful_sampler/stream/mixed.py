@@ -447,13 +447,13 @@ def _facts(source: Any) -> tuple[int, str, bool]:
 
 
 _KEPT_IDENTITIES = 4096  # streams' identities kept at most, then started afresh
-_identities: dict[tuple[Manifest, int, int], str] = {}  # (manifest, seed, window) -> the stream's identity
+_identities: dict[tuple[Any, ...], str] = {}  # (manifest, seed, window, their types) -> the stream's identity
 
 
 def _stream_identity(manifest: Manifest, seed: int, window: int) -> str:
     """A stream's identity from its shard list's (a frozen value), seed and window: hashed once per distinct three
     (a ``MixedStream`` is built again at every resume over the same streams: 1 us per source)."""
-    key = (manifest, seed, window)
+    key = (manifest, seed, window, type(seed), type(window))  # a bool equals an int, and is written otherwise
     found = _identities.get(key)
     if found is None:
         m = manifest
