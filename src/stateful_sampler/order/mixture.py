@@ -31,6 +31,7 @@ import copy
 import hashlib
 from bisect import bisect_right
 from collections.abc import Mapping
+from functools import cached_property
 from numbers import Integral
 from typing import Any, NamedTuple
 
@@ -40,7 +41,7 @@ from stateful_sampler.checks import check_int
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.order.mixing import Domain, derive_seed, mix64_array
 from stateful_sampler.order.permutation import MAX_SIZE
-from stateful_sampler.order.quota import QuotaPeriod, rational_weights
+from stateful_sampler.order.quota import quota_period, rational_weights
 from stateful_sampler.order.ragged import RaggedPermutation
 from stateful_sampler.order.strategy import PassOrder, SavedOrder, Strategy, id_array, weight_array
 
@@ -79,6 +80,7 @@ class Mixture(Strategy):
     """
 
     name = "mixture"
+    keeps_fingerprints = True  # a MixedStream builds its mixture at every resume: the fingerprint once per weights
 
     def __init__(
         self,
@@ -121,10 +123,17 @@ class Mixture(Strategy):
         given = [weights, *(changes[start][1] for start in self._starts[1:])]
         names = ["weights", *(f"schedule[{changes[start][0]!r}]" for start in self._starts[1:])]
         self._periods = [
-            QuotaPeriod(rational_weights(name, self._per_source(name, w))) for name, w in zip(names, given)
+            quota_period(rational_weights(name, self._per_source(name, w))) for name, w in zip(names, given)
         ]
         self._draws_before = self._segment_draws()
-        self._permutations = RaggedPermutation(self.sizes)
+
+    @cached_property
+    def _permutations(self) -> RaggedPermutation:
+        """Each source's permutations of its records, one per source-epoch: set up at the first pass drawn through
+        this mixture, not at its build (a ``MixedStream`` builds one at every resume and draws its sources' own
+        orders). A continued mixture shares those of the mixture as built, set up once for all its continuations."""
+        own = self._own
+        return RaggedPermutation(self.sizes) if own is self else own._permutations
 
     def _stream_position(self, key: Any) -> int:
         """A schedule key's stream position: ``e`` is (e, 0); ``(e, position)`` is e*num_samples + position."""
@@ -352,21 +361,13 @@ class Mixture(Strategy):
         continued._held = held
         continued._starts = [0, *(piece.start for piece in held), stream, *own._starts[first + 1 :]]
         continued._origins = [0, *(piece.origin for piece in held), stream, *own._starts[first + 1 :]]
-        continued._periods = [own._periods[0], *(own._period_of(piece.counts) for piece in held), *own._periods[first:]]
+        continued._periods = [own._periods[0], *(quota_period(piece.counts) for piece in held), *own._periods[first:]]
         carried = [np.zeros_like(draws), *(piece.draws for piece in held), draws]
         for index in range(len(held) + 2, len(continued._starts)):
             length = continued._starts[index] - continued._starts[index - 1]
             carried.append(carried[-1] + continued._periods[index - 1].counts_before(length))
         continued._draws_before = carried
         return continued
-
-    def _period_of(self, counts: np.ndarray) -> QuotaPeriod:
-        """The interleave of ``counts``: one of this mixture's own when it has those weights (a period of float
-        weights takes seconds to build)."""
-        for period in self._periods:
-            if np.array_equal(period.counts, counts):
-                return period
-        return QuotaPeriod(counts)
 
     def _rebuilt(self, change: int, stream: int, draws: np.ndarray, held: list[Piece]) -> Mixture | None:
         """This mixture continued at ``change`` (keeping ``held``), with the draws there that give ``draws`` at

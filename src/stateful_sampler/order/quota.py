@@ -14,6 +14,7 @@ O(Q) memory (at most ``MAX_PERIOD`` positions), and position p is period p // Q,
 from __future__ import annotations
 
 import heapq
+import weakref
 from fractions import Fraction
 
 import numpy as np
@@ -49,23 +50,26 @@ def rational_weights(name: str, weights: np.ndarray) -> np.ndarray:
 
 class QuotaPeriod:
     """One period of the interleave for integer weights ``counts``: which source each position takes,
-    and which of that source's draws in the period it is."""
+    and which of that source's draws in the period it is. Its arrays are read-only: ``quota_period``
+    shares one among the mixtures of the same weights."""
 
-    __slots__ = ("counts", "draws", "period", "sources")
+    __slots__ = ("__weakref__", "counts", "draws", "period", "sources")
 
     def __init__(self, counts: np.ndarray) -> None:
-        self.counts = np.asarray(counts, dtype=np.int64)
+        self.counts = np.array(counts, dtype=np.int64)  # a copy: read-only below, the caller's array stays as it is
         self.period = int(self.counts.sum())
-        order = _midpoint_order(self.counts)
-        if not _inside_windows(self.counts, order):
+        order, positions = _midpoint_order(self.counts)
+        if not _inside_windows(self.counts, order, positions):
             order = _earliest_deadline_first(self.counts)
+            positions = _by_source(order)
         dtype = np.uint16 if len(self.counts) <= 1 << 16 else np.uint32
         self.sources = order.astype(dtype)
-        positions = np.argsort(self.sources, kind="stable")  # by source, each source's draws in order
         starts = (np.cumsum(self.counts) - self.counts).astype(np.uint32)
         draws = np.empty(self.period, dtype=np.uint32)
         draws[positions] = np.arange(self.period, dtype=np.uint32) - starts[self.sources[positions]]
         self.draws = draws
+        for array in (self.counts, self.sources, self.draws):
+            array.flags.writeable = False
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source, draw number of that source) at each position of the stream (int64 arrays)."""
@@ -80,20 +84,54 @@ class QuotaPeriod:
         return cycles * self.counts + partial
 
 
-def _midpoint_order(counts: np.ndarray) -> np.ndarray:
+_live: weakref.WeakValueDictionary[bytes, QuotaPeriod] = weakref.WeakValueDictionary()  # counts' bytes -> period
+
+
+def quota_period(counts: np.ndarray) -> QuotaPeriod:
+    """The period of integer weights ``counts``, built once while a mixture holds it: a mixture of the same weights
+    built meanwhile (a ``MixedStream`` builds its own at every resume; a change at a resume keeps the saved weights)
+    shares it, where building it again is O(Q), most of a mixture's set-up (a period of float weights, 10^6
+    positions, takes tenths of a second).
+
+    Example:
+        >>> period = quota_period(np.array([1, 2]))
+        >>> quota_period(np.array([1, 2])) is period, period.sources.tolist(), period.draws.tolist()
+        (True, [1, 0, 1], [0, 0, 1])
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    key = counts.tobytes()  # exact: one int64 per source
+    period = _live.get(key)
+    if period is None:
+        period = _live[key] = QuotaPeriod(counts)
+    return period
+
+
+def _midpoint_order(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Draws sorted by their midpoint (k + 1/2) / n_d (Webster's divisor method), vectorised; it keeps
-    the quota windows for most weights, and is checked before use."""
+    the quota windows for most weights, and is checked before use. With it, each draw's position, by
+    source, each source's draws in order (``_by_source`` of the order): the sort's inverse, as a
+    source's midpoints rise with k, so no second sort."""
     sources = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
     draws = np.arange(len(sources), dtype=np.int32) - (np.cumsum(counts) - counts).astype(np.int32)[sources]
     keys = (2.0 * draws + 1) / (2.0 * counts[sources])
-    return sources[np.lexsort((sources, keys))]
+    sort = np.lexsort((sources, keys))
+    del draws, keys  # the peak memory stays the sort's
+    positions = np.empty(len(sort), dtype=np.int32)  # a period is at most 2**20 positions
+    positions[sort] = np.arange(len(sort), dtype=np.int32)
+    return sources[sort], positions
 
 
-def _inside_windows(counts: np.ndarray, order: np.ndarray) -> bool:
+def _by_source(order: np.ndarray) -> np.ndarray:
+    """The positions of ``order`` by source, each source's draws in order."""
+    return np.argsort(order, kind="stable")
+
+
+def _inside_windows(counts: np.ndarray, order: np.ndarray, positions: np.ndarray | None = None) -> bool:
     """Whether every draw of ``order`` lies in its quota window (the prefix bound at every prefix);
-    checked in chunks, so the check adds O(chunk) memory to the period's."""
+    checked in chunks, so the check adds O(chunk) memory to the period's. ``positions``: ``_by_source(order)``
+    when the caller has it."""
     period = int(counts.sum())
-    positions = np.argsort(order, kind="stable").astype(np.int32)  # by source, each source's draws in order
+    positions = _by_source(order) if positions is None else positions
     starts = np.cumsum(counts) - counts
     for start in range(0, period, _CHUNK):
         at = positions[start : start + _CHUNK].astype(np.int64)

@@ -48,6 +48,9 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     passes_vary: bool = False  # pass lengths differ by pass (then ``carry`` is refused); may be per instance
+    # its identity is O(parameters), not O(records), its fingerprint costs reprs of nested arrays, and it is built
+    # again at every resume: its fingerprints are kept per process, by a digest of the identity (``_kept_hash``)
+    keeps_fingerprints: ClassVar[bool] = False
 
     def check(self, size: int) -> None:
         """Raise ``ValueError`` naming the argument if this strategy cannot order N = ``size`` records."""
@@ -107,21 +110,72 @@ class Strategy(ABC):
         return cached
 
     def _hash(self) -> str:
-        digest = hashlib.blake2b(self.name.encode(), digest_size=8)
-        # repr in full: NumPy abbreviates an array of more than 1,000 values with "...", so the weights of a mixture
-        # of more sources, held in a tuple, would leave its fingerprint unchanged (a smaller array's repr is the same)
-        with np.printoptions(threshold=sys.maxsize):
-            for part in self._identity():
-                if isinstance(part, np.ndarray):
-                    digest.update(str(part.dtype).encode() + repr(part.shape).encode())
-                    digest.update(np.ascontiguousarray(part).tobytes())
-                else:
-                    digest.update(repr(part).encode())
-                digest.update(b"|")
-        return digest.hexdigest()
+        identity = self._identity()
+        if self.keeps_fingerprints and np.get_printoptions() == _PRINT_OPTIONS:
+            return _kept_hash(self.name, identity)
+        return _hashed(self.name, identity)
 
     def _identity(self) -> tuple[Any, ...]:
         return ()
+
+
+_PRINT_OPTIONS = np.get_printoptions()  # NumPy's at import: the reprs of the kept fingerprints were made under them
+_KEPT = 256  # fingerprints kept at most, then started afresh
+_kept: dict[bytes, str] = {}  # a digest of (name, identity) -> the fingerprint
+
+
+def _hashed(name: str, identity: tuple[Any, ...]) -> str:
+    """The fingerprint: a hash of the name and each part of the identity, an array by its dtype, shape and bytes,
+    anything else by its repr (nested arrays in full)."""
+    digest = hashlib.blake2b(name.encode(), digest_size=8)
+    # repr in full: NumPy abbreviates an array of more than 1,000 values with "...", so the weights of a mixture
+    # of more sources, held in a tuple, would leave its fingerprint unchanged (a smaller array's repr is the same)
+    with np.printoptions(threshold=sys.maxsize):
+        for part in identity:
+            if isinstance(part, np.ndarray):
+                digest.update(str(part.dtype).encode() + repr(part.shape).encode())
+                digest.update(np.ascontiguousarray(part).tobytes())
+            else:
+                digest.update(repr(part).encode())
+            digest.update(b"|")
+    return digest.hexdigest()
+
+
+def _kept_hash(name: str, identity: tuple[Any, ...]) -> str:
+    """``_hashed``, computed once per distinct identity in a process (under the print options of the import, which
+    the caller checks). The key is a digest that sees no repr of a numeric array, only its bytes: equal keys are
+    equal identities, part by part, and so equal fingerprints."""
+    key = hashlib.blake2b(name.encode(), digest_size=32)
+    with np.printoptions(threshold=sys.maxsize):  # a leaf's repr as ``_hashed`` makes it
+        for part in identity:
+            if isinstance(part, np.ndarray):  # as ``_hashed`` hashes it (a subclass too)
+                key.update(b"a" + str(part.dtype).encode() + repr(part.shape).encode() + b":")
+                key.update(np.ascontiguousarray(part).tobytes())
+            else:
+                _key_of(key, part)
+    found = _kept.get(key.digest())
+    if found is None:
+        found = _hashed(name, identity)
+        if len(_kept) >= _KEPT:
+            _kept.clear()  # not an eviction by iteration, which a thread adding at once would break
+        _kept[key.digest()] = found
+    return found
+
+
+def _key_of(key: Any, part: Any) -> None:
+    """Feed ``part`` to ``key`` so that parts fed alike have one repr: a plain numeric array by its dtype, shape and
+    bytes (its repr is made of them), a tuple by its length and items, anything else by its repr; each piece with its
+    length, so no two parts feed the same bytes."""
+    if type(part) is np.ndarray and part.dtype.kind in "biuf":
+        key.update(b"a" + part.dtype.str.encode() + repr(part.shape).encode() + b":")
+        key.update(np.ascontiguousarray(part).tobytes())
+    elif type(part) is tuple:
+        key.update(b"t%d:" % len(part))
+        for item in part:
+            _key_of(key, item)
+    else:
+        text = repr(part).encode()
+        key.update(b"r%d:" % len(text) + text)
 
 
 class Uniform(Strategy):

@@ -38,6 +38,7 @@ from stateful_sampler.order.strategy import SavedOrder
 from stateful_sampler.stream.dataset import ShardedStream
 from stateful_sampler.stream.gather import CHUNK_RECORDS, Spans
 from stateful_sampler.stream.layout import StreamLayout
+from stateful_sampler.stream.state import Manifest
 
 MIXED_STATE_VERSION = 1
 _FIELDS = {
@@ -440,10 +441,27 @@ def _facts(source: Any) -> tuple[int, str, bool]:
     """A source's size, its identity (a stream's shard list: names, counts, contents; its seed and window; a map-style
     dataset's type and size, its content out of sight), and whether it reads records at rows on their own."""
     if isinstance(source, ShardedStream):
-        m = source.manifest
-        text = f"stream\0{m.shards}\0{m.records}\0{m.digest}\0{m.locator}\0{source.seed}\0{source.window}"
-        return source.epoch_size, _hashed(text), source.gather.reads_rows
+        identity = _stream_identity(source.manifest, source.seed, source.window)
+        return source.epoch_size, identity, source.gather.reads_rows
     return len(source), _hashed(f"map\0{type(source).__qualname__}\0{len(source)}"), False
+
+
+_KEPT_IDENTITIES = 4096  # streams' identities kept at most, then started afresh
+_identities: dict[tuple[Any, ...], str] = {}  # (manifest, seed, window, their types) -> the stream's identity
+
+
+def _stream_identity(manifest: Manifest, seed: int, window: int) -> str:
+    """A stream's identity from its shard list's (a frozen value), seed and window: hashed once per distinct three
+    (a ``MixedStream`` is built again at every resume over the same streams: 1 us per source)."""
+    key = (manifest, seed, window, type(seed), type(window))  # a bool equals an int, and is written otherwise
+    found = _identities.get(key)
+    if found is None:
+        m = manifest
+        found = _hashed(f"stream\0{m.shards}\0{m.records}\0{m.digest}\0{m.locator}\0{seed}\0{window}")
+        if len(_identities) >= _KEPT_IDENTITIES:
+            _identities.clear()  # not an eviction by iteration, which a thread adding at once would break
+        _identities[key] = found
+    return found
 
 
 def _hashed(text: str) -> str:
