@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +61,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     tests = Counter(item.path for item in items)
     items.sort(key=lambda item: (longest.get(item.path, len(LONGEST)), -slow[item.path], -tests[item.path]))
+
+
+# Each test leaves the process's signal handlers as it found them. A Lightning fit stopped by an exception before its
+# teardown (tests/stream/test_stream_lightning.py, the stream's error) leaves Lightning's SIGTERM handler installed,
+# and a process forked later in the same worker inherits it: a multiprocessing pool's terminate() then hangs on a
+# worker that catches its SIGTERM.
+_RESTORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    handlers = {number: signal.getsignal(number) for number in _RESTORED_SIGNALS}
+    yield
+    for number, handler in handlers.items():
+        if handler is not None and signal.getsignal(number) is not handler:  # None: set outside Python, kept
+            signal.signal(number, handler)
 
 
 # `--cpu-report N`: the N tests that cost the most CPU (their own process's and their children's: the subprocesses

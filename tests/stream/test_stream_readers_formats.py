@@ -238,8 +238,12 @@ def test_concurrent_processes_building_one_tar_index_all_read_it_and_leave_one_w
 
     tar_shards(tmp_path)
     shard = str(tmp_path / "train-002.tar")
-    with multiprocessing.get_context("fork").Pool(4) as pool:
+    pool = multiprocessing.get_context("fork").Pool(4)
+    try:
         assert pool.map(_count_in_a_process, [shard] * 8) == [9] * 8
+    finally:  # the workers end on the pool's sentinel: `with` would SIGTERM them, which a handler may catch
+        pool.close()
+        pool.join()
     left = sorted(path.name for path in tmp_path.iterdir() if "train-002" in path.name)
     assert left == ["train-002.tar", "train-002.tar.tarindex"]  # no temporary file left behind
     header, body = map(json.loads, (tmp_path / "train-002.tar.tarindex").read_text().splitlines())
