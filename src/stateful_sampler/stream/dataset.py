@@ -62,34 +62,57 @@ class _Pass:
 
 @dataclass(eq=False)
 class _WindowPart:
-    """One window's slots of a rank and worker; ``alone``: how many of its first ones are the pass's first batch
-    (a resume's), whose records ``first`` reads with the other windows' shares of that batch."""
+    """A window's local indices [begin, end) of a rank, and their slots of one worker (``slots_in``): all of them
+    (``slots``) when the window's chunks are read, or only the first few (``head``) for a resume's first batch, which
+    then waits for its own slots only (a window of 10^7 records holds about a million). ``alone``: how many of them
+    are that batch's, whose records ``first`` reads with the other windows' shares of it."""
 
     window: int
-    slots: np.ndarray
+    begin: int
+    end: int
+    slots_in: Callable[[int, int], np.ndarray]
     alone: int = 0
     first: _FirstBatch | None = None
+    _slots: np.ndarray | None = None
+
+    @property
+    def slots(self) -> np.ndarray:
+        if self._slots is None:
+            self._slots = self.slots_in(self.begin, self.end)
+        return self._slots
+
+    def head(self, count: int, reach: int) -> np.ndarray:
+        """The first ``count`` slots (all, when there are fewer), from the first ``reach`` local indices, which hold
+        ``count`` of the worker's where the window has them (the whole window's slots kept when they are all)."""
+        if self.begin + reach < self.end:
+            return self.slots_in(self.begin, self.begin + reach)[:count]
+        return self.slots[:count]
 
 
 class _FirstBatch:
-    """A resume's first batch over the windows it spans, located and read at once when the first of them asks for
-    its share: a shard that two windows draw from is read once, and only the batch's own positions are located
-    (a window's are located at its first chunk after the batch)."""
+    """A resume's first batch over the windows it spans (each window's ``head`` of slots), located and read at once
+    when the first of them asks for its share: a shard that two windows draw from is read once, and only the
+    batch's own positions are located (a window's others at its first chunk after the batch)."""
 
-    def __init__(self, gather: WindowGather, windows: EpochWindows, layout: StreamLayout, parts: list[_WindowPart]):
-        self._gather, self._windows, self._layout, self._parts = gather, windows, layout, parts
-        self._shares: dict[int, tuple[np.ndarray, np.ndarray, list[Any]]] = {}
+    def __init__(
+        self,
+        gather: WindowGather,
+        windows: EpochWindows,
+        layout: StreamLayout,
+        heads: list[tuple[_WindowPart, np.ndarray]],
+    ) -> None:
+        self._gather, self._windows, self._layout, self._heads = gather, windows, layout, heads
+        self._shares: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]] = {}
 
-    def of(self, part: _WindowPart) -> tuple[np.ndarray, np.ndarray, list[Any]]:
-        """(shard, row, record) of each of ``part``'s first ``alone`` slots."""
+    def of(self, part: _WindowPart) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
+        """(slot, shard, row, record) of each of ``part``'s ``alone`` slots of the batch."""
         if not self._shares:
-            slots = np.concatenate([held.slots[: held.alone] for held in self._parts])
-            shards, rows = self._windows.locate(self._layout.positions(slots))
+            shards, rows = self._windows.locate(self._layout.positions(np.concatenate([h for _, h in self._heads])))
             records = self._gather.records_at_rows(shards, rows)
             begin = 0
-            for held in self._parts:
-                end = begin + held.alone
-                self._shares[held.window] = (shards[begin:end], rows[begin:end], records[begin:end])
+            for held, head in self._heads:
+                end = begin + len(head)
+                self._shares[held.window] = (head, shards[begin:end], rows[begin:end], records[begin:end])
                 begin = end
         return self._shares[part.window]
 
@@ -482,44 +505,49 @@ class ShardedStream(IterableDataset):
         parts = self._window_parts(windows, layout, worker, workers)
         # A pass that starts inside its epoch (a resume) reads its first batch's records on their own where the
         # reader reads rows, in one read over the windows the batch spans: a shard of two windows read once.
-        held = self._first_batch(windows, layout, parts) if start.position and self.gather.reads_rows else []
+        resumed = start.position and self.gather.reads_rows
+        held = self._first_batch(windows, layout, parts, workers) if resumed else []
         for part in itertools.chain(held, parts):
             if part.window < windows.windows:
                 self.gather.announce(windows, part.window)
-            if part.slots.size:  # the padding's records are the last window's
+            if part.alone or part.slots.size:  # the padding's records are the last window's
                 yield from self._chunks_of_window(windows, layout, part)
 
     def _window_parts(
         self, windows: EpochWindows, layout: StreamLayout, worker: int, workers: int
     ) -> Iterator[_WindowPart]:
-        """Each window's slots of this rank and worker from the pass's first window on, then the padding slots past
-        the end: a reader holds one window at a time."""
+        """Each window's part of this rank and worker from the pass's first window on, then the padding's past the
+        end: a reader holds one window at a time."""
         starts = windows.window_starts.tolist()
         first = int(windows.window_of(np.array([min(layout.origin, layout.size - 1)]))[0])
         spans = [(starts[w], starts[w + 1]) for w in range(first, windows.windows)] + [(layout.size, 2**62)]
+
+        def slots_in(begin: int, end: int) -> np.ndarray:
+            return layout.slots(self.rank, layout.worker_locals(worker, workers, self.batch_size, begin, end))
+
         for window, (begin, end) in enumerate(spans, first):
-            local_range = layout.local_range(self.rank, begin, end)
-            local = layout.worker_locals(worker, workers, self.batch_size, *local_range)
-            yield _WindowPart(window, layout.slots(self.rank, local))
+            yield _WindowPart(window, *layout.local_range(self.rank, begin, end), slots_in)
 
     def _first_batch(
-        self, windows: EpochWindows, layout: StreamLayout, parts: Iterator[_WindowPart]
+        self, windows: EpochWindows, layout: StreamLayout, parts: Iterator[_WindowPart], workers: int
     ) -> list[_WindowPart]:
         """The windows of ``parts`` that the pass's first batch spans, taken from it, each with its share of the
         batch (``alone``), which ``_FirstBatch`` reads for all of them at once."""
-        held: list[_WindowPart] = []
+        # Local indices that hold a batch of each worker from any start: two rounds of the workers' batches.
+        reach = 2 * self.batch_size * workers
+        heads: list[tuple[_WindowPart, np.ndarray]] = []
         wanted = self.batch_size
         while wanted:
             part = next(parts, None)
             if part is None:  # a pass shorter than a batch
                 break
-            part.alone = min(wanted, part.slots.size)
-            wanted -= part.alone
-            held.append(part)
-        batch = _FirstBatch(self.gather, windows, layout, held)
-        for part in held:
+            head = part.head(wanted, reach)
+            part.alone, wanted = len(head), wanted - len(head)
+            heads.append((part, head))
+        batch = _FirstBatch(self.gather, windows, layout, heads)
+        for part, _ in heads:
             part.first = batch
-        return held
+        return [part for part, _ in heads]
 
     def _chunks_of_window(
         self, windows: EpochWindows, layout: StreamLayout, part: _WindowPart
@@ -529,37 +557,40 @@ class ShardedStream(IterableDataset):
         ``CHUNK_RECORDS``): with a reader whose spans convert lazily (``read_span``) the first batch
         waits for the window's reads and one batch's conversion, not for the whole window's. The first
         ``part.alone`` records (the pass's first batch, a resume's) come from ``part.first``, located and read
-        on their own: that batch waits for its own records only, not for its windows' positions or shards."""
-        slots, alone = part.slots, part.alone
+        on their own: that batch waits for its own records only, not for its windows' slots or shards."""
+        alone = part.alone
         read_order = windows.window_shards(min(part.window, windows.windows - 1)).tolist()
-        bounds = itertools.chain([(0, alone)] if alone else [], ((alone + begin, alone + end)
-                                 for begin, end in chunk_bounds(len(slots) - alone, self.batch_size)))  # fmt: skip
+
+        def after_the_batch() -> Iterator[tuple[int, int]]:  # the window's slots taken once the batch is out
+            for begin, end in chunk_bounds(len(part.slots) - alone, self.batch_size):
+                yield alone + begin, alone + end
+
         located: tuple[np.ndarray, np.ndarray] | None = None  # the window's (shard, row) of each slot
         spans: Spans = {}
         joined: Joined | None = None
         transform = self.transform
         takes_key = getattr(transform, "takes_key", False)
         keyed = self.yield_keys or takes_key
-        for begin, end in bounds:
+        for begin, end in itertools.chain([(0, alone)] if alone else [], after_the_batch()):
             if end <= alone:
-                shards, rows, records = part.first.of(part)  # type: ignore[union-attr]
+                slots, shards, rows, records = part.first.of(part)  # type: ignore[union-attr]
             else:
                 if located is None:  # the rest of the window located, and its spans read once, at its first chunk
-                    rest = windows.locate(layout.positions(slots[alone:]))
+                    rest = windows.locate(layout.positions(part.slots[alone:]))
                     if alone:
-                        head_shards, head_rows, _ = part.first.of(part)  # type: ignore[union-attr]
+                        _, head_shards, head_rows, _ = part.first.of(part)  # type: ignore[union-attr]
                         rest = (np.concatenate([head_shards, rest[0]]), np.concatenate([head_rows, rest[1]]))
                     located = rest
                     spans = self.gather.read(located[0], located[1], read_order)
                     joined = join_spans(spans, len(self.shards))
-                shards, rows = located[0][begin:end], located[1][begin:end]
+                slots, shards, rows = part.slots[begin:end], located[0][begin:end], located[1][begin:end]
                 records = self.gather.records(spans, joined, shards, rows)
             if not keyed:
                 yield records if transform is None else map(transform, records)
                 continue
             keys = [
                 SampleKey(index, self.seed, windows.epoch, slot, slot >= layout.size)
-                for index, slot in zip((self.order.offsets[shards] + rows).tolist(), slots[begin:end].tolist())
+                for index, slot in zip((self.order.offsets[shards] + rows).tolist(), slots.tolist())
             ]
             if transform is not None:
                 if takes_key:
