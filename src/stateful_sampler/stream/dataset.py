@@ -521,12 +521,13 @@ class ShardedStream(IterableDataset):
         starts = windows.window_starts.tolist()
         first = int(windows.window_of(np.array([min(layout.origin, layout.size - 1)]))[0])
         spans = [(starts[w], starts[w + 1]) for w in range(first, windows.windows)] + [(layout.size, 2**62)]
+        rank = self.rank  # resolved once a pass (a property)
 
         def slots_in(begin: int, end: int) -> np.ndarray:
-            return layout.slots(self.rank, layout.worker_locals(worker, workers, self.batch_size, begin, end))
+            return layout.slots(rank, layout.worker_locals(worker, workers, self.batch_size, begin, end))
 
         for window, (begin, end) in enumerate(spans, first):
-            yield _WindowPart(window, *layout.local_range(self.rank, begin, end), slots_in)
+            yield _WindowPart(window, *layout.local_range(rank, begin, end), slots_in)
 
     def _first_batch(
         self, windows: EpochWindows, layout: StreamLayout, parts: Iterator[_WindowPart], workers: int
