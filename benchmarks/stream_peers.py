@@ -164,6 +164,10 @@ def our_stream(system: str, root: Path, batch_size: int, seed: int) -> Any:
 def preload(system: str) -> None:
     import torch.utils.data  # noqa: F401
 
+    # What every system's first batch imports inside torch (a DataLoader's first __next__, its record_function):
+    # without a .pyc (a venv made with PYTHONDONTWRITEBYTECODE) compiling it costs 20-35 ms, with one about 1.
+    importlib.import_module("torch.profiler._cupti_monitor")
+
     if system.startswith("mosaic"):
         _stub_torchvision()
     module = {"litdata": "litdata", "mosaic": "streaming", "mosaic-py1br": "streaming",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -53,6 +54,21 @@ def test_a_first_batch_across_two_windows_reads_only_its_records(shards: list[st
     expected = [record for batch in batches(stream_of(shards, ParquetReader(), batch_size=1)) for record in batch]
     assert first == expected[window_end - 3 : window_end + 5]
     assert reader.stats.rows <= GROUP * 8 and reader.stats.converted == 8
+
+
+def test_a_first_batch_across_two_windows_opens_each_shard_once(shards: list[str]) -> None:
+    reader = ParquetReader()
+    resumed = stream_of(shards, reader, batch_size=12)
+    windows = resumed.order.epoch(0)
+    window_end = int(windows.window_starts[1])
+    before = set(windows.locate(np.arange(window_end - 6, window_end))[0].tolist())
+    after = set(windows.locate(np.arange(window_end, window_end + 6))[0].tolist())
+    assert before & after  # shards both windows' shares of the batch draw from: a read per window reads them twice
+    resumed.load_state_dict(resumed.state_dict(consumed_batches=0) | {"position": window_end - 6})
+    first = next(iter(resumed.loader(num_workers=0)))["x"].tolist()
+    expected = [record for batch in batches(stream_of(shards, ParquetReader(), batch_size=1)) for record in batch]
+    assert first == expected[window_end - 6 : window_end + 6]
+    assert reader.stats.opened == len(before | after) and reader.stats.converted == 12
 
 
 @settings(max_examples=30, deadline=None)

@@ -596,9 +596,12 @@ class _Parquet:
 
     def __init__(self, shard: str, storage_options: Mapping[str, Any] | None) -> None:
         pq = _parquet_module()
-        self._file = _open_native(shard) if not is_url(shard) else open_shard(shard, storage_options)
+        local = not is_url(shard)
+        self._file = _open_native(shard) if local else open_shard(shard, storage_options)
         try:
-            self.parquet = pq.ParquetFile(self._file)
+            # A local file's column chunks are read where they lie: pre-buffering them (coalesced reads on arrow's IO
+            # threads, which a remote file's ranged reads gain from) made a first batch's 64 reads 20-30% slower here.
+            self.parquet = pq.ParquetFile(self._file, pre_buffer=not local)
         except Exception as error:  # ArrowInvalid for a file that is not parquet
             self._file.close()
             raise ShardReadError(f"could not open shard {shard!r}: {error}") from error
