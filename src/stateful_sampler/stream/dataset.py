@@ -40,6 +40,7 @@ from stateful_sampler.stream.layout import StreamLayout
 from stateful_sampler.stream.manifest import ShardManifest
 from stateful_sampler.stream.readers import ShardReader
 from stateful_sampler.stream.state import Manifest, StreamState, check_counts, shard_identities
+from stateful_sampler.stream.window_parts import WindowPart, take_first_batch, window_parts
 from stateful_sampler.wrappers import BatchSizeWords, adopt_batch_size, dataloaders_under
 
 
@@ -58,63 +59,6 @@ class _Pass:
     epoch: int
     origin: int
     handed_out: int | None = None
-
-
-@dataclass(eq=False)
-class _WindowPart:
-    """A window's local indices [begin, end) of a rank, and their slots of one worker (``slots_in``): all of them
-    (``slots``) when the window's chunks are read, or only the first few (``head``) for a resume's first batch, which
-    then waits for its own slots only (a window of 10^7 records holds about a million). ``alone``: how many of them
-    are that batch's, whose records ``first`` reads with the other windows' shares of it."""
-
-    window: int
-    begin: int
-    end: int
-    slots_in: Callable[[int, int], np.ndarray]
-    alone: int = 0
-    first: _FirstBatch | None = None
-    _slots: np.ndarray | None = None
-
-    @property
-    def slots(self) -> np.ndarray:
-        if self._slots is None:
-            self._slots = self.slots_in(self.begin, self.end)
-        return self._slots
-
-    def head(self, count: int, reach: int) -> np.ndarray:
-        """The first ``count`` slots (all, when there are fewer), from the first ``reach`` local indices, which hold
-        ``count`` of the worker's where the window has them (the whole window's slots kept when they are all)."""
-        if self.begin + reach < self.end:
-            return self.slots_in(self.begin, self.begin + reach)[:count]
-        return self.slots[:count]
-
-
-class _FirstBatch:
-    """A resume's first batch over the windows it spans (each window's ``head`` of slots), located and read at once
-    when the first of them asks for its share: a shard that two windows draw from is read once, and only the
-    batch's own positions are located (a window's others at its first chunk after the batch)."""
-
-    def __init__(
-        self,
-        gather: WindowGather,
-        windows: EpochWindows,
-        layout: StreamLayout,
-        heads: list[tuple[_WindowPart, np.ndarray]],
-    ) -> None:
-        self._gather, self._windows, self._layout, self._heads = gather, windows, layout, heads
-        self._shares: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]] = {}
-
-    def of(self, part: _WindowPart) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]]:
-        """(slot, shard, row, record) of each of ``part``'s ``alone`` slots of the batch."""
-        if not self._shares:
-            shards, rows = self._windows.locate(self._layout.positions(np.concatenate([h for _, h in self._heads])))
-            records = self._gather.records_at_rows(shards, rows)
-            begin = 0
-            for held, head in self._heads:
-                end = begin + len(head)
-                self._shares[held.window] = (head, shards[begin:end], rows[begin:end], records[begin:end])
-                begin = end
-        return self._shares[part.window]
 
 
 _NOTHING = object()
@@ -502,56 +446,19 @@ class ShardedStream(IterableDataset):
     def _pass_chunks(self, start: _Cursor, worker: int, workers: int) -> Iterator[Iterable[Any]]:
         layout = self._layout(start.position)
         windows = self.order.epoch(start.epoch)
-        parts = self._window_parts(windows, layout, worker, workers)
+        parts = window_parts(windows, layout, self.rank, self.batch_size, worker, workers)
         # A pass that starts inside its epoch (a resume) reads its first batch's records on their own where the
         # reader reads rows, in one read over the windows the batch spans: a shard of two windows read once.
         resumed = start.position and self.gather.reads_rows
-        held = self._first_batch(windows, layout, parts, workers) if resumed else []
+        held = take_first_batch(self.gather, windows, layout, parts, self.batch_size, workers) if resumed else []
         for part in itertools.chain(held, parts):
             if part.window < windows.windows:
                 self.gather.announce(windows, part.window)
             if part.alone or part.slots.size:  # the padding's records are the last window's
                 yield from self._chunks_of_window(windows, layout, part)
 
-    def _window_parts(
-        self, windows: EpochWindows, layout: StreamLayout, worker: int, workers: int
-    ) -> Iterator[_WindowPart]:
-        """Each window's part of this rank and worker from the pass's first window on, then the padding's past the
-        end: a reader holds one window at a time."""
-        starts = windows.window_starts.tolist()
-        first = int(windows.window_of(np.array([min(layout.origin, layout.size - 1)]))[0])
-        spans = [(starts[w], starts[w + 1]) for w in range(first, windows.windows)] + [(layout.size, 2**62)]
-        rank = self.rank  # resolved once a pass (a property)
-
-        def slots_in(begin: int, end: int) -> np.ndarray:
-            return layout.slots(rank, layout.worker_locals(worker, workers, self.batch_size, begin, end))
-
-        for window, (begin, end) in enumerate(spans, first):
-            yield _WindowPart(window, *layout.local_range(rank, begin, end), slots_in)
-
-    def _first_batch(
-        self, windows: EpochWindows, layout: StreamLayout, parts: Iterator[_WindowPart], workers: int
-    ) -> list[_WindowPart]:
-        """The windows of ``parts`` that the pass's first batch spans, taken from it, each with its share of the
-        batch (``alone``), which ``_FirstBatch`` reads for all of them at once."""
-        # Local indices that hold a batch of each worker from any start: two rounds of the workers' batches.
-        reach = 2 * self.batch_size * workers
-        heads: list[tuple[_WindowPart, np.ndarray]] = []
-        wanted = self.batch_size
-        while wanted:
-            part = next(parts, None)
-            if part is None:  # a pass shorter than a batch
-                break
-            head = part.head(wanted, reach)
-            part.alone, wanted = len(head), wanted - len(head)
-            heads.append((part, head))
-        batch = _FirstBatch(self.gather, windows, layout, heads)
-        for part, _ in heads:
-            part.first = batch
-        return [part for part, _ in heads]
-
     def _chunks_of_window(
-        self, windows: EpochWindows, layout: StreamLayout, part: _WindowPart
+        self, windows: EpochWindows, layout: StreamLayout, part: WindowPart
     ) -> Iterator[Iterable[Any]]:
         """This worker's records of one window, in order, a chunk at a time. Each shard is read once for
         the window, then records are built chunk by chunk (one batch, then doubling up to
