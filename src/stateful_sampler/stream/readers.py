@@ -462,14 +462,14 @@ class JsonlReader:
         last = max(wanted)
         if min(wanted) < 0:
             raise ShardReadError(f"shard {shard!r}: row {min(wanted)} was asked; rows start at 0")
-        distinct_rows = sorted(set(wanted))
-        records = self._decoded(shard, set(distinct_rows), last + 1)
-        if len(records) < len(distinct_rows):
+        distinct = set(wanted)
+        records = self._decoded(shard, distinct, last + 1)  # in the shard's order: the distinct rows ascending
+        if len(records) < len(distinct):
             raise ShardReadError(
                 f"shard {shard!r} ends before row {last}, which was asked: it holds fewer records than were "
                 f"counted at start"
             )
-        decoded = dict(zip(distinct_rows, records))
+        decoded = dict(zip(sorted(distinct), records))
         return [decoded[row] for row in wanted]
 
     def _decoded(self, shard: str, rows: range | set[int], stop: int) -> list[Any]:
