@@ -75,6 +75,11 @@ class PassRecords:
                 marked[in_pass] = repeats(local[in_pass])
         return marked
 
+    def marks_repeats(self, base_pass: int) -> bool:
+        """Whether the strategy's pass orders mark repeats at all (``repeats`` is then worth its arrays): a
+        property of the strategy, so one pass's order answers for all."""
+        return getattr(self._pass_order(base_pass), "repeats", None) is not None
+
     def _pass_order(self, pass_index: int) -> PassOrder:
         order = self._cache.get(pass_index)
         if order is None:

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from stateful_sampler import ResumableLoader, StatefulSampler
-from stateful_sampler.certificate import compare, read_run
+from stateful_sampler.certificate import compare, read_run, writer
 from stateful_sampler.certificate.cli import main as certificate_main
 from stateful_sampler.certificate.format import MAGIC, rank_path, read_rank_file, step_size
 from stateful_sampler.certificate.plugin import hooked
-from stateful_sampler.certificate.writer import WRITE_STEPS, CertificateWriter
+from stateful_sampler.certificate.writer import CertificateWriter
 from stateful_sampler.errors import CertificateError
 
 SIZE, BATCH, EPOCHS, SEED = 24, 2, 2, 7
@@ -66,7 +66,8 @@ def run_process(
     return taken, trained
 
 
-def test_a_run_certifies_its_batches_and_grows_a_fixed_size_a_step(tmp_path: Path) -> None:
+def test_a_run_certifies_its_batches_and_grows_a_fixed_size_a_step(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(writer, "WRITE_STEPS", 16)  # a block shorter than the epoch's 32 steps
     prefix = tmp_path / "run"
     loader = make_loader(1, 0, size=64)
     remove = hooked(CertificateWriter(prefix, loader.sampler))
@@ -74,14 +75,14 @@ def test_a_run_certifies_its_batches_and_grows_a_fixed_size_a_step(tmp_path: Pat
         batches = iter(loader)
         first = next(batches).tolist()
         started = read_rank_file(rank_path(prefix, 0)).valid_length  # read while the run writes: the start record
-        rest = [next(batches).tolist() for _ in range(WRITE_STEPS - 1)]
+        rest = [next(batches).tolist() for _ in range(writer.WRITE_STEPS - 1)]
         grown = read_rank_file(rank_path(prefix, 0)).valid_length - started  # the block of the first steps
-        assert grown == WRITE_STEPS * step_size(BATCH) and step_size(BATCH) == 1 + 60 + 8 * BATCH
+        assert grown == writer.WRITE_STEPS * step_size(BATCH) and step_size(BATCH) == 1 + 60 + 8 * BATCH
         rest += [next(batches).tolist() for _ in range(3)]
         assert read_rank_file(rank_path(prefix, 0)).valid_length - started == grown  # counted, not written yet
         loader.state_dict()  # a checkpoint: every step trained before it is written, then its record
         file = read_rank_file(rank_path(prefix, 0))
-        assert len(file.segments[0].steps) == WRITE_STEPS + 3 and file.segments[0].checkpoints[0]["step"] == 19
+        assert len(file.segments[0].steps) == writer.WRITE_STEPS + 3 and file.segments[0].checkpoints[0]["step"] == 19
         rest += [batch.tolist() for batch in batches]
         while loader.epoch < EPOCHS:
             rest += [batch.tolist() for batch in loader]
@@ -202,11 +203,50 @@ def test_an_altered_or_torn_file(tmp_path: Path) -> None:
     run_process(plain, 1)
     assert compare(read_run(plain), read_run(prefix)).code == 0
     data = bytearray(path.read_bytes())
-    data[len(MAGIC) + 200] ^= 1
+    data[_first_step_offset(bytes(data)) + 50] ^= 1  # a key of the first step
     path.write_bytes(bytes(data))
     with pytest.raises(CertificateError, match=r"does not chain|corrupt"):
         read_run(prefix)
     assert certificate_main(["compare", str(plain), str(prefix)]) == 2
+
+
+def _first_step_offset(data: bytes) -> int:
+    """Where the first step record begins: after the magic and the start record (a tag, a length, JSON)."""
+    assert data[len(MAGIC) : len(MAGIC) + 1] == b"M"
+    return len(MAGIC) + 5 + int.from_bytes(data[len(MAGIC) + 1 : len(MAGIC) + 5], "little")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(step=st.integers(0, 11), place=st.integers(0, step_size(BATCH) - 17))
+def test_a_byte_changed_in_any_step_of_a_block_breaks_its_chain(tmp_path: Path, step: int, place: int) -> None:
+    """A block's link covers each of its steps, not only the last one, which carries it."""
+    prefix = tmp_path / f"run{step}_{place}"
+    run_process(prefix, 1)  # one block an epoch: 12 steps of 2 records
+    path = rank_path(prefix, 0)
+    data = bytearray(path.read_bytes())
+    offset = _first_step_offset(bytes(data)) + step * step_size(BATCH) + 1 + place  # after the tag
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(CertificateError, match=r"does not chain|corrupt|keys in"):
+        read_run(prefix)
+
+
+def test_an_unsealed_block_at_the_end_is_left_out_and_cut_off(tmp_path: Path) -> None:
+    """Steps written without their block's seal (a write cut short) are not read, and the next process cuts
+    them off before it appends."""
+    prefix = tmp_path / "run"
+    state, trained = run_process(prefix, 1, steps=4, checkpoint_at=4)
+    path = rank_path(prefix, 0)
+    data = path.read_bytes()
+    first = _first_step_offset(data)
+    with path.open("ab") as file:
+        file.write(data[first : first + 2 * step_size(BATCH)])  # two whole steps; neither seals a block
+    assert [step.records() for step in read_run(prefix).steps] == trained
+    assert read_rank_file(path).valid_length == len(data)
+    run_process(prefix, 1, state=state)
+    plain = tmp_path / "plain"
+    run_process(plain, 1)
+    assert compare(read_run(plain), read_run(prefix)).code == 0
 
 
 def test_compare_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,18 +3,24 @@
 After an 8-byte magic, a file is a run of records:
 
 - a step (tag ``T``), a fixed number of bytes for a fixed batch size: the step, its epoch, the order's global
-  position before and after it, this rank's key count and capacity, an end-of-epoch flag, the chain digest
-  ``h_k = blake2b(h_{k-1} || step fields || keys)`` and the keys (dataset records as ``uint64``; a padding
-  repeat has bit 63 set), padded to the capacity with ``UNUSED``;
+  position before and after it, this rank's key count and capacity, flags (the epoch's last step; the last
+  step of a block), the keys (dataset records as ``uint64``; a padding repeat has bit 63 set) padded to the
+  capacity with ``UNUSED``, and a digest;
 - a meta record (tag ``M``, a length and JSON): a process's start (``kind: "start"``: rank, world size, the
   order's identity fields and seed, the step it starts at, and what it resumed from, if anything), or a
   checkpoint taken (``kind: "checkpoint"``: the next step, the epoch and position saved).
 
-A process killed in the middle of a write leaves a torn last record (or zeros): a reader stops before them, and the next writer cuts them off before appending.
+Steps are written a block at a time, and the chain links blocks: the last step of a block carries
+``h_b = sha256(h_{b-1} || the block's bytes before that digest)`` (its first 16 bytes), its other steps zeros, and a segment's
+chain starts from its start record's ``chain_from``. One link a block, not a step, because a link's cost is
+mostly the call's: hashed whole, a block costs about half. A process killed in the middle of a write leaves a
+torn or unsealed last block (or zeros): a reader stops before it, and the next writer cuts it off before
+appending.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import struct
@@ -26,14 +32,16 @@ import numpy as np
 
 from stateful_sampler.errors import CertificateError
 
-MAGIC = b"SSCERT\x00\x01"  # the format's version is the last byte
+MAGIC = b"SSCERT\x00\x02"  # the format's version is the last byte
 STEP_TAG, META_TAG, _UNWRITTEN = b"T", b"M", b"\x00"
-_STEP = struct.Struct("<QQQQIII16s")  # step, epoch, before, after, count, capacity, flags, digest
+_HEAD = struct.Struct("<cQQQQIII")  # the tag, step, epoch, before, after, count, capacity, flags
 _META_LENGTH = struct.Struct("<I")
 PADDING_BIT = np.uint64(1 << 63)
 UNUSED = np.uint64((1 << 64) - 1)
-ZERO_DIGEST = bytes(16)
-_LAST_OF_EPOCH = 1
+DIGEST_SIZE = 16
+ZERO_DIGEST = bytes(DIGEST_SIZE)
+_LAST_OF_EPOCH, _SEALS_BLOCK = 1, 2
+_NO_DIGEST = np.void(ZERO_DIGEST)  # a step that does not end its block
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,7 @@ class Step:
     after: int  # ... and after it: what a state saved right after the step holds
     keys: np.ndarray  # uint64 records, padding repeats with PADDING_BIT set
     last_of_epoch: bool
-    digest: bytes  # this rank's chain up to and including this step
+    digest: bytes  # the chain's link when the step ends a block (zeros otherwise)
 
     def records(self) -> list[int]:
         """The dataset records of the step (padding repeats included, unmarked)."""
@@ -66,40 +74,52 @@ class Segment:
 class RankFile:
     path: Path
     segments: list[Segment]
-    valid_length: int  # bytes up to the last whole record (a torn tail after it is ignored)
+    valid_length: int  # bytes up to the last whole record (a torn or unsealed tail after it is ignored)
+    broken_at: int | None = None  # the first step whose block does not chain (the file was altered)
 
 
-_FIELDS = struct.Struct("<QQQQ")
-_UNUSED_BYTES = UNUSED.tobytes()
+def link(previous: bytes, block: Any) -> bytes:
+    """The chain's next link: the first 16 bytes of ``sha256(previous || block)`` (SHA-256 runs in the CPU's
+    own instructions on current x86 and Arm: about twice blake2b's speed here)."""
+    hashed = hashlib.sha256(previous)
+    hashed.update(block)
+    return hashed.digest()[:DIGEST_SIZE]
 
 
-def chain(previous: bytes, step: int, epoch: int, before: int, after: int, keys: bytes) -> bytes:
-    """The next link of a chain: ``blake2b(previous || step fields || keys)``, 16 bytes."""
-    return hashlib.blake2b(previous + _FIELDS.pack(step, epoch, before, after) + keys, digest_size=16).digest()
+@functools.cache
+def _record_type(capacity: int) -> np.dtype:
+    """A step record as NumPy lays it out: the file's bytes, packed (no alignment)."""
+    return np.dtype([("tag", "S1"), ("step", "<u8"), ("epoch", "<u8"), ("before", "<u8"), ("after", "<u8"),
+                     ("count", "<u4"), ("capacity", "<u4"), ("flags", "<u4"), ("keys", "<u8", (capacity,)),
+                     ("digest", f"V{DIGEST_SIZE}")])  # fmt: skip
 
 
-_RECORD_HEAD = struct.Struct("<cQQQQIII16s")  # the tag, then _STEP
+def step_records(steps: int, capacity: int) -> np.ndarray:
+    """Room for a block of up to ``steps`` step records of ``capacity`` keys, laid out as the file holds them:
+    the writer fills a slice's ``keys`` (each row padded with ``UNUSED``), then ``seal`` fills the rest. Kept
+    from block to block, its pages are not faulted in again each time."""
+    return np.zeros(steps, dtype=_record_type(capacity))
 
 
-def write_step(buffer: Any, offset: int, previous: bytes, step: int, epoch: int, before: int, after: int,
-               keys: bytes, last: bool, capacity: int) -> bytes:  # fmt: skip
-    """Pack a step's record (``keys``: its uint64 keys' bytes) into ``buffer`` at ``offset``, in place:
-    ``step_size(capacity)`` bytes whatever its key count. Returns its link of the chain from ``previous``
-    (``chain``, with the step fields packed once for both)."""
-    count = len(keys) >> 3
-    digest = hashlib.blake2b(previous + _FIELDS.pack(step, epoch, before, after) + keys, digest_size=16).digest()
-    _RECORD_HEAD.pack_into(buffer, offset, STEP_TAG, step, epoch, before, after, count, capacity,
-                           _LAST_OF_EPOCH if last else 0, digest)  # fmt: skip
-    start = offset + _RECORD_HEAD.size
-    buffer[start : start + len(keys)] = keys
-    if count < capacity:
-        buffer[start + len(keys) : start + 8 * capacity] = _UNUSED_BYTES * (capacity - count)
-    return digest
+def seal(records: np.ndarray, previous: bytes, first_step: int, epoch: int, before: np.ndarray, after: np.ndarray,
+         counts: Any, last_of_epoch: np.ndarray) -> tuple[np.ndarray, bytes]:  # fmt: skip
+    """Fill a block's heads (consecutive steps from ``first_step``) and seal it: its last step carries the chain's
+    link from ``previous``. Returns the block's bytes (a ``uint8`` view of ``records``) and the link."""
+    records["tag"], records["epoch"], records["capacity"] = STEP_TAG, epoch, records.dtype["keys"].shape[0]
+    records["step"] = np.arange(first_step, first_step + len(records), dtype=np.uint64)
+    records["before"], records["after"], records["count"] = before, after, counts
+    records["flags"] = np.where(last_of_epoch, _LAST_OF_EPOCH, 0)
+    records["flags"][-1] |= _SEALS_BLOCK
+    records["digest"] = _NO_DIGEST
+    data = records.view(np.uint8)
+    digest = link(previous, data[:-DIGEST_SIZE])
+    data[-DIGEST_SIZE:] = np.frombuffer(digest, dtype=np.uint8)
+    return data, digest
 
 
 def step_size(capacity: int) -> int:
     """Bytes a step takes in the file, for up to ``capacity`` keys (the per-rank batch size)."""
-    return 1 + _STEP.size + 8 * capacity
+    return _HEAD.size + 8 * capacity + DIGEST_SIZE
 
 
 def meta_record(entry: dict[str, Any]) -> bytes:
@@ -108,7 +128,8 @@ def meta_record(entry: dict[str, Any]) -> bytes:
 
 
 def read_rank_file(path: Path) -> RankFile:
-    """Parse one rank's file; a torn last record is left out (``valid_length`` stops before it)."""
+    """Parse one rank's file, checking its chain as it goes (``check_chain`` refuses a break); a torn or
+    unsealed last block is left out (``valid_length`` stops before it)."""
     try:
         data = path.read_bytes()
     except OSError as error:
@@ -117,24 +138,35 @@ def read_rank_file(path: Path) -> RankFile:
         if data[: len(MAGIC) - 1] == MAGIC[:-1]:
             raise CertificateError(f"{path}: certificate format {data[len(MAGIC) - 1]}, this release reads {MAGIC[-1]}")
         raise CertificateError(f"{path}: not a stateful-sampler certificate (no {MAGIC[:6]!r} magic)")
+    view = memoryview(data)
     segments: list[Segment] = []
-    offset = len(MAGIC)
+    block: list[Step] = []  # the steps read since the last seal, and where they begin
+    block_start = offset = valid = len(MAGIC)
+    previous, broken_at = ZERO_DIGEST, None
     while offset < len(data):
         tag = data[offset : offset + 1]
         if tag == _UNWRITTEN:
             break  # zeros: a block the kernel had not filled when the writer was killed
         if tag == STEP_TAG:
-            end = offset + 1 + _STEP.size
+            if offset + _HEAD.size > len(data):
+                break
+            _, step, epoch, before, after, count, capacity, flags = _HEAD.unpack_from(data, offset)
+            if not segments or count > capacity or segments[-1].start.get("capacity", capacity) != capacity:
+                problem = "before any start record" if not segments else f"of {count} keys in {capacity} places"
+                raise CertificateError(f"{path}: a corrupt step at byte {offset}: {problem}")
+            end = offset + step_size(capacity)
             if end > len(data):
                 break
-            step, epoch, before, after, count, capacity, flags, digest = _STEP.unpack_from(data, offset + 1)
-            if end + 8 * capacity > len(data):
-                break
-            if not segments:
-                raise CertificateError(f"{path}: a step at byte {offset} before any start record")
-            keys = np.frombuffer(data, dtype=np.uint64, count=count, offset=end).copy()
-            segments[-1].steps.append(Step(step, epoch, before, after, keys, bool(flags & _LAST_OF_EPOCH), digest))
-            offset = end + 8 * capacity
+            keys = np.frombuffer(data, dtype=np.uint64, count=count, offset=offset + _HEAD.size).copy()
+            digest = data[end - DIGEST_SIZE : end]
+            block_start = block_start if block else offset
+            block.append(Step(step, epoch, before, after, keys, bool(flags & _LAST_OF_EPOCH), digest))
+            offset = end
+            if flags & _SEALS_BLOCK:
+                if link(previous, view[block_start : end - DIGEST_SIZE]) != digest and broken_at is None:
+                    broken_at = block[0].step
+                segments[-1].steps.extend(block)
+                block, previous, valid = [], digest, end
         elif tag == META_TAG:
             if offset + 1 + _META_LENGTH.size > len(data):
                 break
@@ -146,25 +178,25 @@ def read_rank_file(path: Path) -> RankFile:
                 entry = json.loads(data[offset + 1 + _META_LENGTH.size : end])
             except ValueError as error:
                 raise CertificateError(f"{path}: a corrupt record at byte {offset}: {error}") from error
+            if block:  # a block left unsealed, then more records: not what a writer leaves
+                broken_at = block[0].step if broken_at is None else broken_at
+                segments[-1].steps.extend(block)
+                block = []
             if entry.get("kind") == "start":
                 segments.append(Segment(entry))
+                previous = bytes.fromhex(entry.get("chain_from", ZERO_DIGEST.hex()))
             elif segments:
                 segments[-1].checkpoints.append(entry)
-            offset = end
+            offset = valid = end
         else:
             raise CertificateError(f"{path}: a corrupt record at byte {offset} (tag {tag!r})")
-    return RankFile(path, segments, offset)
+    return RankFile(path, segments, valid, broken_at)
 
 
 def check_chain(rank_file: RankFile) -> None:
-    """Refuse a file whose steps do not chain: each segment from its start's ``chain_from``."""
-    for segment in rank_file.segments:
-        previous = bytes.fromhex(segment.start.get("chain_from", ZERO_DIGEST.hex()))
-        for step in segment.steps:
-            expected = chain(previous, step.step, step.epoch, step.before, step.after, step.keys.tobytes())
-            if step.digest != expected:
-                raise CertificateError(f"{rank_file.path}: step {step.step} does not chain (the file was altered)")
-            previous = step.digest
+    """Refuse a file whose blocks do not chain: each segment's from its start's ``chain_from``."""
+    if rank_file.broken_at is not None:
+        raise CertificateError(f"{rank_file.path}: step {rank_file.broken_at} does not chain (the file was altered)")
 
 
 def rank_files(prefix: Path) -> list[Path]:

@@ -7,8 +7,8 @@ takes the pass's layout (``sampler.pass_layout``); each step's records come from
 sampler itself drew (``sampler.drawn_records``), or, when the sampler no longer holds it, from the order's
 public pieces (``PassRecords`` on its strategy, order, seed and size) a block of batches at a time. A
 ``ShardedStream``'s come from ``stream.global_records``. A sampler's steps are counted as they come and
-written ``WRITE_STEPS`` at a time (a slice, a hash and a pack each, then one ``write(2)``), and always before a
-checkpoint record and at a pass's end: a ``kill -9`` loses only steps after the rank's latest checkpoint,
+written up to ``WRITE_STEPS`` at a time (packed by NumPy, hashed whole and written with one ``write(2)``), and
+always before a checkpoint record and at a pass's end: a ``kill -9`` loses only steps after the rank's latest checkpoint,
 which a resume supersedes.
 
 A process's first pass writes its start record: fresh (step 0, or the file was empty), resumed (a
@@ -19,6 +19,7 @@ to a certificate after its latest checkpoint, and marked so: the run then differ
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -31,14 +32,15 @@ import numpy as np
 from stateful_sampler.certificate.format import (
     MAGIC,
     PADDING_BIT,
+    UNUSED,
     ZERO_DIGEST,
     RankFile,
     meta_record,
     rank_files,
     rank_path,
     read_rank_file,
-    step_size,
-    write_step,
+    seal,
+    step_records,
 )
 from stateful_sampler.certificate.run import last_checkpoint_step, own_steps, resume_step
 from stateful_sampler.errors import CertificateError
@@ -49,7 +51,8 @@ from stateful_sampler.state import IDENTITY_FIELDS
 
 _BLOCK_BATCHES = 64  # batches whose records are computed in one NumPy call
 _MIN_BLOCK = 4096
-WRITE_STEPS = 16  # steps written at once (and at every state taken, a pass's end and exit)
+WRITE_STEPS = 256  # steps written at once (and at every state taken, a pass's end and exit): a block's NumPy calls
+# and its one link cost as much as dozens of steps, so a long block makes them cheap (about 150 KB at 64 keys a step)
 
 
 class CertificateWriter:
@@ -67,12 +70,19 @@ class CertificateWriter:
         self._sampler: Any = None  # the StatefulSampler or ShardedStream followed
         self._records: PassRecords | None = None
         self._layout: EpochLayout | None = None  # the pass under way's, from where it began
-        self._block: tuple[int, int, bytes] | None = None  # local start, stop, the keys' bytes
+        self._blocks: list[tuple[int, int, np.ndarray]] = []  # local start, stop and keys (padding marked) of the
+        # blocks that hold the pending steps' records: taken while the sampler still holds them
         self._per_batch = 1  # records per batch of the pass under way
         self._facts = (0, 0, 1, 0, 0, 0)  # the pass's epoch, rank, world size, segment start, length, local length
-        self._consumed = 0  # batches of the pass under way counted
-        self._pending: list[int] = []  # steps of the sampler's pass under way counted, not yet written (their counts)
-        self._batched = False  # the order followed is a StatefulSampler: its steps are written a block at a time
+        self._position_after: Any = None  # the pass's layout's, for this rank: a step's global position after it
+        self._pass_steps = 0  # steps of this rank's pass under way (its last one is written at once)
+        self._written = 0  # the count (in the pass under way) of the last step written
+        self._counted = 0  # ... and of the last step counted: the steps between are pending, one after another
+        self._due = 0  # the count at which the next block of keys is taken (or the pending steps written)
+        self._marks_repeats: bool | None = None  # whether the order's strategy marks repeats (asked once)
+        self._loader: Any = None  # the loader whose next steps need only be counted (no new pass since)
+        self._room: np.ndarray | None = None  # the records of the block being written, kept from block to block
+        self._batched = False  # the order followed is a StatefulSampler (not a stream)
         self._stream_pass: tuple[int, int] = (-1, 0)  # a stream's pass under way: its epoch and origin
         self._capacity = 1
         self._next_step = 0
@@ -91,18 +101,25 @@ class CertificateWriter:
             self._pending_resume = sampler_state
 
     def pass_started(self, order: Any) -> None:
-        """Only says when an order the certificate cannot follow is the first to start a pass."""
-        if self._sampler is None and not _followable(order):
+        """A pass of the order followed starts: its next step is checked for a new layout. Also says when an
+        order the certificate cannot follow is the first to start a pass."""
+        if order is self._sampler:
+            self._loader = None
+        elif self._sampler is None and not _followable(order):
             self._warn_once(order)
 
     def batch(self, loader: Any, batch: Any, consumed: int) -> None:
         """One step of a ``ResumableLoader``, the ``consumed``-th of its pass."""
+        if loader is self._loader:  # the usual step: counted, written with its block (the fewer objects it
+            self._counted = consumed  # touches, the fewer of the CPU's cache misses it pays between batches)
+            if consumed >= self._due:
+                self._catch_up()
+            return
         order = loader.sampler
-        if order is self._sampler and self._batched and self._layout is not None and order.pass_layout is self._layout:
-            self._later(consumed)  # the usual step: counted now, written with the block it ends
-        elif order is self._sampler or (self._sampler is None and _followable(order)):
+        if order is self._sampler or (self._sampler is None and _followable(order)):
             if isinstance(order, StatefulSampler):
                 self._step(order, consumed, loader)
+                self._loader = loader if self._layout is not None and order.pass_layout is self._layout else None
             else:
                 self._stream_step(order, consumed, loader)
 
@@ -112,10 +129,10 @@ class CertificateWriter:
         if order is not self._sampler and self._sampler is not None:
             return
         if isinstance(order, StatefulSampler):
-            self._step(order, self._consumed + 1 if order.pass_layout is self._layout else 1, order)
+            self._step(order, self._counted + 1 if order.pass_layout is self._layout else 1, order)
         elif _followable(order):
             same_pass = self._stream_pass == (order.epoch, order.position)
-            self._stream_step(order, self._consumed + 1 if same_pass else 1, order)
+            self._stream_step(order, self._counted + 1 if same_pass else 1, order)
 
     def state_taken(self, loader: Any, consumed: int) -> None:
         """A checkpoint is being taken: record where, so that a process restarted without restoring the
@@ -159,76 +176,106 @@ class CertificateWriter:
             self._pass_began(order, layout, batched.batch_size)
         self._later(consumed)
 
-    def _later(self, consumed: int) -> None:
-        """Count a step of the sampler's pass under way; write the counted ones once there are a block of them.
-        Written one at a time, between batches whose work has evicted the writer from the CPU's caches, a
-        step costs about 5 times more than in a block."""
-        pending = self._pending
-        pending.append(consumed)
-        self._consumed = consumed
-        if len(pending) >= WRITE_STEPS or consumed * self._per_batch >= self._facts[5]:  # a block, or the pass's end
-            self._flush()
-
-    def _flush(self) -> None:
-        """Write the steps counted and not yet written: packed into one block, the chain carried along, in one
-        loop (a call less a step is a noticeable share of a step's cost)."""
-        pending = self._pending
-        if not pending:
-            return
-        layout, (epoch, rank, world_size, segment_start, length, local_length) = self._layout, self._facts
-        per_batch, capacity = self._per_batch, self._capacity
-        size = step_size(capacity)
-        block = bytearray(size * len(pending))
-        digest, step, after = self._digest, self._next_step, 0
-        for offset, consumed in zip(range(0, len(block), size), pending):
-            start = (consumed - 1) * per_batch
-            stop = min(start + per_batch, local_length)
-            keys = self._keys(layout, rank, start, stop)  # type: ignore[arg-type]
-            # layout.position_after(rank, count), inlined: the step's global positions before and after it
-            before = length if start >= local_length and start > 0 else segment_start + start * world_size
-            after = length if stop >= local_length and stop > 0 else segment_start + stop * world_size
-            digest = write_step(block, offset, digest, step, epoch, before, after, keys, after == length, capacity)
-            step += 1
-        self._digest, self._next_step, self._position = digest, step, (epoch, after)
-        pending.clear()
-        self._file.write(block)  # type: ignore[union-attr]
-
     def _stream_step(self, stream: Any, consumed: int, loader: Any) -> None:
         """One step of a ``ShardedStream``'s pass: a pass is told apart by its epoch and origin, or by its count
         starting again."""
         if not stream.pass_begun:
             return
         identity = (stream.epoch, stream.position)
-        if identity != self._stream_pass or consumed <= self._consumed:
+        if identity != self._stream_pass or consumed <= self._counted:
+            self._flush()
             self._stream_pass = identity
             self._pass_began(stream, stream.layout(), loader.batch_size)
-        epoch, _, world_size, origin, size, local_length = self._facts
-        start = (consumed - 1) * self._per_batch
-        stop = min(start + self._per_batch, local_length)
-        keys = self._keys(self._layout, stream.rank, start, stop)  # type: ignore[arg-type]
-        before = size if start >= local_length else origin + start * world_size  # StreamLayout.position_after
-        after = size if stop >= local_length else origin + stop * world_size
-        block = bytearray(step_size(self._capacity))
-        self._pack(block, 0, keys, epoch, before, after, after == size, consumed)
-        self._file.write(block)  # type: ignore[union-attr]
+        self._later(consumed)
 
-    def _pack(self, block: bytearray, offset: int, keys: bytes, epoch: int, before: int, after: int, last: bool,
-              consumed: int) -> None:  # fmt: skip
-        """The next step's record into ``block`` at ``offset``, chained on."""
-        step, capacity = self._next_step, self._capacity
-        self._digest = write_step(block, offset, self._digest, step, epoch, before, after, keys, last, capacity)
-        self._next_step, self._consumed, self._position = step + 1, consumed, (epoch, after)
+    def _later(self, consumed: int) -> None:
+        """Count a step of the pass under way (a block's steps are consecutive). Written one at a time, between
+        batches whose work has evicted the writer from the CPU's caches, a step costs several times more than
+        in a block."""
+        if consumed != self._counted + 1:
+            self._flush()
+            self._written = self._counted = consumed - 1
+        self._counted = consumed
+        if consumed >= self._due:
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Take the blocks of keys the steps counted reach into; write the pending steps once there are a
+        block of them, or at the pass's end. Then say at which count this is due again: the first step that
+        reaches past the blocks taken (the sampler holds its last two blocks, so none is missed)."""
+        counted, per_batch = self._counted, self._per_batch
+        self._cover(min(counted * per_batch, self._facts[5]))
+        if counted - self._written >= WRITE_STEPS or counted >= self._pass_steps:
+            self._flush()
+        else:
+            self._due = min(self._blocks[-1][1] // per_batch + 1 if self._blocks else counted + 1,
+                            self._written + WRITE_STEPS, self._pass_steps)  # fmt: skip
+
+    def _cover(self, stop: int) -> None:
+        """Take the blocks of keys that hold this rank's local positions from the first pending step's to ``stop``."""
+        blocks = self._blocks
+        start = blocks[-1][1] if blocks else min(self._written * self._per_batch, self._facts[5])
+        while start < stop:
+            blocks.append(self._key_block(start, stop))
+            start = blocks[-1][1]
+
+    def _flush(self) -> None:
+        """Write the steps counted and not yet written: packed into one block by NumPy, the block sealed with the
+        chain's next link, in one ``write(2)``."""
+        written, counted = self._written, self._counted
+        if counted <= written:
+            return
+        epoch, _, world_size, origin, length, local_length = self._facts
+        per_batch, capacity, steps = self._per_batch, self._capacity, counted - written
+        self._cover(min(counted * per_batch, local_length))
+        starts = np.arange(written, counted, dtype=np.int64) * per_batch
+        stops = np.minimum(starts + per_batch, local_length)
+        before, after = origin + starts * world_size, origin + stops * world_size
+        for index in np.flatnonzero(starts >= local_length):  # past this rank's share: the layout's own rule
+            before[index] = self._position_after(int(starts[index]))
+        for index in np.flatnonzero(stops >= local_length):
+            after[index] = self._position_after(int(stops[index]))
+        if per_batch > capacity:
+            raise CertificateError(f"batches of {per_batch} records, over the certificate's capacity of {capacity} "
+                                   f"(the order's batch size)")  # fmt: skip
+        first = min(int(starts[0]), local_length)
+        flat = self._keys(first, int(stops[-1]) if stops[-1] > first else first)
+        if self._room is None or self._room.dtype["keys"].shape[0] != capacity:
+            self._room = step_records(WRITE_STEPS, capacity)
+        records = self._room[:steps]
+        keys = records["keys"]
+        if per_batch == capacity and counted * per_batch <= local_length:  # whole steps: the keys as they lie
+            counts: Any = capacity
+            keys[...] = flat.reshape(steps, capacity)
+        else:
+            counts = np.maximum(stops - starts, 0)
+            places = np.arange(capacity)
+            filled = places < counts[:, None]
+            keys[...] = UNUSED
+            keys[filled] = flat[((starts - first)[:, None] + places)[filled]]
+        block, self._digest = seal(records, self._digest, self._next_step, epoch, before, after, counts,
+                                   after == length)  # fmt: skip
+        self._next_step += steps
+        self._position, self._written = (epoch, int(after[-1])), counted
+        del self._blocks[:-1]  # the last may hold the next steps' records too
+        self._due = counted + 1  # the next step takes what it needs
+        self._file.write(block.data)  # type: ignore[union-attr]
 
     def _pass_began(self, order: Any, layout: Any, batch_size: int | None) -> None:
         """The first step of a pass: take its layout, and write the process's start record if it is due."""
         if self._sampler is None:
             self._follow(order)
-        self._layout, self._block, self._per_batch, rank = layout, None, batch_size or 1, order.rank
+        self._layout, self._per_batch, rank = layout, batch_size or 1, order.rank
+        self._blocks, self._written = [], self._counted  # a pass's first count may be any (a resume's)
         if isinstance(layout, EpochLayout):
             self._facts = (layout.epoch, rank, layout.world_size, layout.segment_start, layout.length,
                            layout.local_length(rank))  # fmt: skip
+            self._position_after = functools.partial(layout.position_after, rank)
         else:  # a stream's StreamLayout: one epoch's deal from its origin, the same on every rank
             self._facts = (order.epoch, rank, layout.world_size, layout.origin, layout.size, layout.local_length)
+            self._position_after = layout.position_after
+        self._pass_steps = -(-self._facts[5] // self._per_batch)
+        self._due = 0
         if self._file is None or self._pending_resume is not None:
             self._start(order)
 
@@ -240,34 +287,40 @@ class CertificateWriter:
         if self._batched:
             self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
 
-    def _keys(self, layout: EpochLayout, rank: int, start: int, stop: int) -> bytes:
-        """The bytes of this rank's records at its local positions [start, stop) of the pass, padding marked:
-        from the block the sampler drew when it still holds it, else from the order's arithmetic, a block of
-        batches at a time."""
-        block = self._block
-        if (block is None or not block[0] <= start <= stop <= block[1]) and not isinstance(layout, EpochLayout):
-            block_stop = min(max(stop, start + _MIN_BLOCK), self._facts[5])
+    def _keys(self, start: int, stop: int) -> np.ndarray:
+        """This rank's records at its local positions [start, stop) of the pass, from the blocks taken."""
+        pieces = [keys[max(start, begin) - begin : min(stop, end) - begin]
+                  for begin, end, keys in self._blocks if begin < stop and start < end]  # fmt: skip
+        return pieces[0] if len(pieces) == 1 else np.concatenate([np.empty(0, np.uint64), *pieces])
+
+    def _key_block(self, start: int, stop: int) -> tuple[int, int, np.ndarray]:
+        """The block of keys that holds local position ``start``: the block the sampler drew when it still holds
+        it, else from the order's arithmetic, a block of batches at a time."""
+        layout, rank, local_length = self._layout, self._facts[1], self._facts[5]
+        block_stop = min(max(stop, start + max(_BLOCK_BATCHES * self._per_batch, _MIN_BLOCK)), local_length)
+        if not isinstance(layout, EpochLayout):
             epoch, origin = self._stream_pass
             indices, padding = self._sampler.global_records(epoch, origin, start, block_stop)  # type: ignore[union-attr]
             records = indices.astype(np.uint64)
             records[padding] |= PADDING_BIT
-            block = self._block = (start, block_stop, records.tobytes())
-        elif block is None or not block[0] <= start <= stop <= block[1]:
-            drawn = self._sampler.drawn_records(layout, start)  # type: ignore[union-attr]
-            if drawn is not None and stop <= drawn[0] + drawn[1].size:
-                block_start, records = drawn[0], drawn[1].astype(np.uint64)
-            else:
-                block_start = start
-                block_stop = min(max(stop, start + max(_BLOCK_BATCHES * (stop - start), _MIN_BLOCK)),
-                                 layout.local_length(rank))  # fmt: skip
-                positions = layout.global_positions(rank, start, block_stop)
-                records = self._records(layout.epoch, layout.pass_offsets(positions)).astype(np.uint64)  # type: ignore[misc]
-            positions = layout.global_positions(rank, block_start, block_start + records.size)
-            offsets = layout.pass_offsets(positions)
-            padding = layout.is_padding(positions) | self._records.repeats(layout.epoch, offsets)  # type: ignore[union-attr]
-            records[padding] |= PADDING_BIT
-            block = self._block = (block_start, block_start + records.size, records.tobytes())
-        return block[2][8 * (start - block[0]) : 8 * (stop - block[0])]
+            return start, block_stop, records
+        drawn = self._sampler.drawn_records(layout, start)  # type: ignore[union-attr]
+        if drawn is not None:
+            block_start, records = drawn
+        else:
+            positions = layout.global_positions(rank, start, block_stop)
+            block_start, records = start, self._records(layout.epoch, layout.pass_offsets(positions))  # type: ignore[misc]
+        block_stop = block_start + records.size
+        if self._marks_repeats is None:
+            self._marks_repeats = self._records.marks_repeats(layout.epoch)  # type: ignore[union-attr]
+        if not (self._marks_repeats or layout.pads(rank, block_start, block_stop)):
+            unmarked = records.view(np.uint64) if records.dtype == np.int64 else records.astype(np.uint64)
+            return block_start, block_stop, unmarked  # nothing to mark: the records' own bits, not copied
+        positions = layout.global_positions(rank, block_start, block_stop)
+        padding = layout.is_padding(positions) | self._records.repeats(layout.epoch, layout.pass_offsets(positions))  # type: ignore[union-attr]
+        records = records.astype(np.uint64)
+        records[padding] |= PADDING_BIT
+        return block_start, block_stop, records
 
     def _start(self, order: Any) -> None:
         """Open this rank's file (cutting a torn tail) and write the process's start record. A sampler that
@@ -301,7 +354,7 @@ class CertificateWriter:
             chain_from = self._digest  # a load later in this process, at the step it was at
         else:
             chain_from = previous.digest if previous is not None else ZERO_DIGEST
-        self._capacity = order.batch_size or self._per_batch
+        self._capacity = max(order.batch_size or 0, self._per_batch)
         state = order.state_after(0)
         start = {
             "kind": "start",
@@ -309,6 +362,7 @@ class CertificateWriter:
             "rank": rank,
             "world_size": world_size,
             "batch_size": order.batch_size,
+            "capacity": self._capacity,
             "start_step": first,
             "restored": resumed is not None,
             "continued": resumed is None and own is not None and bool(own.segments),
@@ -346,7 +400,7 @@ class FileAppend:
     def __init__(self, path: Path) -> None:
         self._descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    def write(self, data: bytes | bytearray) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(self._descriptor, view) :]

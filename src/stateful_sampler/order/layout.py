@@ -118,6 +118,12 @@ class EpochLayout:
         """Which global positions repeat a record only to even out the ranks."""
         return positions >= self.size if self.tail is Tail.PAD else np.zeros(positions.shape, dtype=bool)
 
+    def pads(self, rank: int, local_start: int, local_stop: int) -> bool:
+        """Whether ``rank``'s local indices [local_start, local_stop) hold a padding repeat: ``is_padding``
+        without its arrays, for a caller that marks padding only where there is some."""
+        last = self.segment_start + rank + (local_stop - 1) * self.world_size
+        return self.tail is Tail.PAD and local_stop > local_start and last >= self.size
+
     def unused_offsets(self) -> range:
         """Pass-relative stream positions of the epoch's own permutation that it does not take:
         ``drop`` cuts them for good, ``carry`` hands them to the next epoch (all of them when a global
