@@ -231,6 +231,19 @@ def test_a_byte_changed_in_any_step_of_a_block_breaks_its_chain(tmp_path: Path, 
         read_run(prefix)
 
 
+def test_a_start_record_changed_breaks_the_chain(tmp_path: Path) -> None:
+    """The chain runs through the whole file: a process's start record (its seed here) is covered by the link
+    of the block after it, so a certificate cannot be made to claim another run's identity."""
+    prefix = tmp_path / "run"
+    run_process(prefix, 1)
+    path = rank_path(prefix, 0)
+    data = path.read_bytes()
+    assert data.count(f'"seed": {SEED}'.encode()) == 1
+    path.write_bytes(data.replace(f'"seed": {SEED}'.encode(), f'"seed": {SEED + 1}'.encode()))
+    with pytest.raises(CertificateError, match="step 0 does not chain"):
+        read_run(prefix)
+
+
 def test_an_unsealed_block_at_the_end_is_left_out_and_cut_off(tmp_path: Path) -> None:
     """Steps written without their block's seal (a write cut short) are not read, and the next process cuts
     them off before it appends."""

@@ -10,12 +10,12 @@ After an 8-byte magic, a file is a run of records:
   order's identity fields and seed, the step it starts at, and what it resumed from, if anything), or a
   checkpoint taken (``kind: "checkpoint"``: the next step, the epoch and position saved).
 
-Steps are written a block at a time, and the chain links blocks: the last step of a block carries
-``h_b = sha256(h_{b-1} || the block's bytes before that digest)`` (its first 16 bytes), its other steps zeros, and a segment's
-chain starts from its start record's ``chain_from``. One link a block, not a step, because a link's cost is
-mostly the call's: hashed whole, a block costs about half. A process killed in the middle of a write leaves a
-torn or unsealed last block (or zeros): a reader stops before it, and the next writer cuts it off before
-appending.
+Steps are written a block at a time, and one chain runs through the whole file: the last step of a block
+carries ``h_b = sha256(h_{b-1} || every byte since the previous block's link, up to this one)`` (its first 16
+bytes; ``h_0`` is zeros), its other steps zeros. So the meta records between two blocks are covered too, and a
+process that appends goes on with the file's last link. One link a block, not a step: a link's cost is mostly
+the call's. A process killed in the middle of a write leaves a torn or unsealed last block (or zeros): a
+reader stops before it, and the next writer cuts it off before appending.
 """
 
 from __future__ import annotations
@@ -76,13 +76,16 @@ class RankFile:
     segments: list[Segment]
     valid_length: int  # bytes up to the last whole record (a torn or unsealed tail after it is ignored)
     broken_at: int | None = None  # the first step whose block does not chain (the file was altered)
+    link: bytes = ZERO_DIGEST  # the chain's last link: the last block's
+    unsealed: bytes = b""  # the records after the last block (meta records), which the next link covers
 
 
-def link(previous: bytes, block: Any) -> bytes:
-    """The chain's next link: the first 16 bytes of ``sha256(previous || block)`` (SHA-256 runs in the CPU's
+def link(previous: bytes, *parts: Any) -> bytes:
+    """The chain's next link: the first 16 bytes of ``sha256(previous || parts...)`` (SHA-256 runs in the CPU's
     own instructions on current x86 and Arm: about twice blake2b's speed here)."""
     hashed = hashlib.sha256(previous)
-    hashed.update(block)
+    for part in parts:
+        hashed.update(part)
     return hashed.digest()[:DIGEST_SIZE]
 
 
@@ -101,10 +104,11 @@ def step_records(steps: int, capacity: int) -> np.ndarray:
     return np.zeros(steps, dtype=_record_type(capacity))
 
 
-def seal(records: np.ndarray, previous: bytes, first_step: int, epoch: int, before: np.ndarray, after: np.ndarray,
-         counts: Any, last_of_epoch: np.ndarray) -> tuple[np.ndarray, bytes]:  # fmt: skip
+def seal(records: np.ndarray, previous: bytes, unsealed: bytes, first_step: int, epoch: int, before: np.ndarray,
+         after: np.ndarray, counts: Any, last_of_epoch: np.ndarray) -> tuple[np.ndarray, bytes]:  # fmt: skip
     """Fill a block's heads (consecutive steps from ``first_step``) and seal it: its last step carries the chain's
-    link from ``previous``. Returns the block's bytes (a ``uint8`` view of ``records``) and the link."""
+    link from ``previous`` over the ``unsealed`` records written before it and the block. Returns the block's
+    bytes (a ``uint8`` view of ``records``) and the link."""
     records["tag"], records["epoch"], records["capacity"] = STEP_TAG, epoch, records.dtype["keys"].shape[0]
     records["step"] = np.arange(first_step, first_step + len(records), dtype=np.uint64)
     records["before"], records["after"], records["count"] = before, after, counts
@@ -112,7 +116,7 @@ def seal(records: np.ndarray, previous: bytes, first_step: int, epoch: int, befo
     records["flags"][-1] |= _SEALS_BLOCK
     records["digest"] = _NO_DIGEST
     data = records.view(np.uint8)
-    digest = link(previous, data[:-DIGEST_SIZE])
+    digest = link(previous, unsealed, data[:-DIGEST_SIZE])
     data[-DIGEST_SIZE:] = np.frombuffer(digest, dtype=np.uint8)
     return data, digest
 
@@ -140,8 +144,8 @@ def read_rank_file(path: Path) -> RankFile:
         raise CertificateError(f"{path}: not a stateful-sampler certificate (no {MAGIC[:6]!r} magic)")
     view = memoryview(data)
     segments: list[Segment] = []
-    block: list[Step] = []  # the steps read since the last seal, and where they begin
-    block_start = offset = valid = len(MAGIC)
+    block: list[Step] = []  # the steps read since the last seal
+    sealed = offset = valid = len(MAGIC)  # where the bytes the next link covers begin; the whole records' end
     previous, broken_at = ZERO_DIGEST, None
     while offset < len(data):
         tag = data[offset : offset + 1]
@@ -159,14 +163,14 @@ def read_rank_file(path: Path) -> RankFile:
                 break
             keys = np.frombuffer(data, dtype=np.uint64, count=count, offset=offset + _HEAD.size).copy()
             digest = data[end - DIGEST_SIZE : end]
-            block_start = block_start if block else offset
             block.append(Step(step, epoch, before, after, keys, bool(flags & _LAST_OF_EPOCH), digest))
             offset = end
             if flags & _SEALS_BLOCK:
-                if link(previous, view[block_start : end - DIGEST_SIZE]) != digest and broken_at is None:
+                if link(previous, view[sealed : end - DIGEST_SIZE]) != digest and broken_at is None:
                     broken_at = block[0].step
                 segments[-1].steps.extend(block)
-                block, previous, valid = [], digest, end
+                block, previous, sealed = [], digest, end
+                valid = end
         elif tag == META_TAG:
             if offset + 1 + _META_LENGTH.size > len(data):
                 break
@@ -184,17 +188,16 @@ def read_rank_file(path: Path) -> RankFile:
                 block = []
             if entry.get("kind") == "start":
                 segments.append(Segment(entry))
-                previous = bytes.fromhex(entry.get("chain_from", ZERO_DIGEST.hex()))
             elif segments:
                 segments[-1].checkpoints.append(entry)
             offset = valid = end
         else:
             raise CertificateError(f"{path}: a corrupt record at byte {offset} (tag {tag!r})")
-    return RankFile(path, segments, valid, broken_at)
+    return RankFile(path, segments, valid, broken_at, previous, data[sealed:valid])
 
 
 def check_chain(rank_file: RankFile) -> None:
-    """Refuse a file whose blocks do not chain: each segment's from its start's ``chain_from``."""
+    """Refuse a file whose chain does not hold (a record changed since it was written)."""
     if rank_file.broken_at is not None:
         raise CertificateError(f"{rank_file.path}: step {rank_file.broken_at} does not chain (the file was altered)")
 

@@ -68,11 +68,6 @@ class Run:
         return digest.hex()
 
 
-def own_steps(rank_file: RankFile) -> dict[int, Step]:
-    """One rank's steps after its own later starts superseded its earlier ones: step -> record."""
-    return {step.step: step for step, _ in _own(rank_file.segments).values()}
-
-
 def _own(segments: list[Segment]) -> dict[int, tuple[Step, dict[str, Any]]]:
     kept: dict[int, tuple[Step, dict[str, Any]]] = {}
     for segment in segments:

@@ -42,7 +42,7 @@ from stateful_sampler.certificate.format import (
     seal,
     step_records,
 )
-from stateful_sampler.certificate.run import last_checkpoint_step, own_steps, resume_step
+from stateful_sampler.certificate.run import last_checkpoint_step, resume_step
 from stateful_sampler.errors import CertificateError
 from stateful_sampler.order.layout import EpochLayout
 from stateful_sampler.records import PassRecords
@@ -82,6 +82,7 @@ class CertificateWriter:
         self._marks_repeats: bool | None = None  # whether the order's strategy marks repeats (asked once)
         self._loader: Any = None  # the loader whose next steps need only be counted (no new pass since)
         self._room: np.ndarray | None = None  # the records of the block being written, kept from block to block
+        self._unsealed: list[bytes] = []  # the records written since the file's last link, which the next covers
         self._batched = False  # the order followed is a StatefulSampler (not a stream)
         self._stream_pass: tuple[int, int] = (-1, 0)  # a stream's pass under way: its epoch and origin
         self._capacity = 1
@@ -148,7 +149,7 @@ class CertificateWriter:
         epoch, position = self._position
         entry = {"kind": "checkpoint", "step": self._next_step, "epoch": epoch, "position": position,
                  "time_ns": time.time_ns()}  # fmt: skip
-        self._file.write(meta_record(entry))
+        self._write_meta(entry)
 
     def close(self) -> None:
         if self._file is not None:
@@ -253,7 +254,9 @@ class CertificateWriter:
             filled = places < counts[:, None]
             keys[...] = UNUSED
             keys[filled] = flat[((starts - first)[:, None] + places)[filled]]
-        block, self._digest = seal(records, self._digest, self._next_step, epoch, before, after, counts,
+        unsealed = b"".join(self._unsealed)
+        self._unsealed.clear()
+        block, self._digest = seal(records, self._digest, unsealed, self._next_step, epoch, before, after, counts,
                                    after == length)  # fmt: skip
         self._next_step += steps
         self._position, self._written = (epoch, int(after[-1])), counted
@@ -349,11 +352,7 @@ class CertificateWriter:
             first = last_checkpoint_step(_readable_files(self.prefix, own, rank))
         else:
             first = self._next_step
-        previous = own_steps(own).get(first - 1) if own is not None else None
-        if self._next_step > 0 and first == self._next_step:
-            chain_from = self._digest  # a load later in this process, at the step it was at
-        else:
-            chain_from = previous.digest if previous is not None else ZERO_DIGEST
+        self._digest, self._unsealed = (own.link, [own.unsealed]) if own is not None else (ZERO_DIGEST, [])
         self._capacity = max(order.batch_size or 0, self._per_batch)
         state = order.state_after(0)
         start = {
@@ -369,18 +368,23 @@ class CertificateWriter:
             "resumed_from": None if resumed is None else {"epoch": resumed["epoch"], "position": resumed["position"]},
             "resume_found": found,
             "identity": {"seed": order.seed, **{name: state[name] for name in IDENTITY_FIELDS if name in state}},
-            "chain_from": chain_from.hex(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
         }
-        self._file.write(meta_record(start))
-        self._next_step, self._digest = first, chain_from
+        self._write_meta(start)
+        self._next_step = first
         if not found:
             print(
                 f"stateful-sampler certificate: the state loaded (epoch {resumed['epoch']}, position "  # type: ignore[index]
                 f"{resumed['position']}) ends no step of {self.prefix}; compare will refuse it",  # type: ignore[index]
                 file=sys.stderr,
             )
+
+    def _write_meta(self, entry: dict[str, Any]) -> None:
+        """Write a meta record; the next block's link covers it."""
+        record = meta_record(entry)
+        self._file.write(record)  # type: ignore[union-attr]
+        self._unsealed.append(record)
 
     def _warn_once(self, order: Any) -> None:
         if not self._warned:
