@@ -15,7 +15,8 @@ cluster's nodes at each (re)start:
 
 Each worker appends one JSON line a step to ROOT/elastic/attempt<a>-rank<r>.jsonl (as ray_train_run.py's, with its
 node and, on the first, what ``restore`` warned). ROOT/summary.json names the lost and the added node, each
-step's checkpoint path and the nodes' addresses. ``resumed`` runs the loop in one process from a checkpoint: the reference.
+step's checkpoint path and the nodes' addresses. ``resumed`` runs the loop in one process from a checkpoint: the
+reference.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import ray.cloudpickle
 import torch
 import torch.distributed as dist
 from ray.cluster_utils import Cluster
-from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (  # Ray's internal: see_nodes
     get_or_create_autoscaling_coordinator,
 )
 from ray.train import ScalingConfig
