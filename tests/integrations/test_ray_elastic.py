@@ -67,7 +67,8 @@ def test_the_node_lost_and_the_node_added_are_the_ones_the_workers_ran_on(root: 
 
 
 def test_epoch_0_across_both_resizes_has_every_record_once(root: Path) -> None:
-    consumed = [i for ranks in attempts(root) for rank in ranks for line in rank if line["epoch"] == 0 for i in line["ids"]]  # fmt: skip
+    lines = [line for ranks in attempts(root) for rank in ranks for line in rank]
+    consumed = [i for line in lines if line["epoch"] == 0 for i in line["ids"]]
     assert sorted(consumed) == list(range(runs.SIZE))  # none lost, none again: 2, 1 and 2 ranks in one epoch
     assert len(consumed) == runs.SIZE
 
