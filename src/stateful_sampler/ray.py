@@ -4,7 +4,8 @@ Ray Train restarts a failed worker group (``FailureConfig(max_failures=...)``) a
 checkpoint to the new workers (``ray.train.get_checkpoint()``), but carries no data position: ``report`` adds
 the loader's state to the checkpoint, one JSON file written by rank 0 that holds every rank's RNG states
 (``ResumableLoader.state_dict(every_rank=True)``), and ``restore`` loads it in ``train_loop_per_worker``.
-A group that comes back at another size (a new ``TorchTrainer`` at another ``num_workers``, given the
+A group that comes back at another size (an elastic ``ScalingConfig(num_workers=(min, max))`` restarted or resized
+by Ray at the size the cluster has room for, or a new ``TorchTrainer`` at another ``num_workers`` given the
 checkpoint's path) resumes by the elastic rule: every unconsumed record once, equal steps on each rank.
 Ray Data's ``streaming_split`` is not used: its iterator has no resumable position (ray-project/ray#37633).
 """

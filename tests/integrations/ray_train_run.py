@@ -17,7 +17,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -96,14 +96,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             dist.all_reduce(torch.ones(1))  # the group trains in step: unequal step counts would hang here
         with log.open("a") as file:
             file.write(json.dumps({"attempt": attempt, "restored": restored, **line}) + "\n")
-        with tempfile.TemporaryDirectory() as folder:
-            if rank == 0:
-                (Path(folder) / "step.json").write_text(json.dumps(step))
-            stateful_sampler.ray.report({"step": step}, loader, checkpoint_dir=folder if rank == 0 else None)
+        report_step(loader, rank, step)
         if config.get("kill_after") == step and rank == 1 and attempt == 0:
             ray.train.get_all_reported_checkpoints()  # this step's checkpoint is persisted
             killed_marker.write_text(str(step))
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def report_step(loader: ResumableLoader, rank: int, step: int) -> None:
+    """The step's checkpoint, reported on every rank: the loader's state, and rank 0's step count beside it."""
+    with tempfile.TemporaryDirectory() as folder:
+        if rank == 0:
+            (Path(folder) / "step.json").write_text(json.dumps(step))
+        stateful_sampler.ray.report({"step": step}, loader, checkpoint_dir=folder if rank == 0 else None)
 
 
 def resumed_step(config: dict[str, Any]) -> int:
@@ -113,15 +118,25 @@ def resumed_step(config: dict[str, Any]) -> int:
         return int(json.loads((Path(folder) / "step.json").read_text()))
 
 
-def fit(root: Path, run: str, workers: int, **config: Any) -> ray.train.Result:
+def fit(
+    root: Path,
+    run: str,
+    workers: int | ScalingConfig,
+    *,
+    loop: Callable[[dict[str, Any]], None] = train_loop_per_worker,
+    max_failures: int = 1,
+    **config: Any,
+) -> ray.train.Result:
+    """``loop`` trained by a ``TorchTrainer`` of ``workers`` (a fixed count, or an elastic ``ScalingConfig``)."""
     out = root / run
     out.mkdir()
+    scaling = workers if isinstance(workers, ScalingConfig) else ScalingConfig(num_workers=workers, use_gpu=False)
     trainer = TorchTrainer(
-        train_loop_per_worker,
+        loop,
         train_loop_config={"out": str(out), "epochs": EPOCHS, **config},
-        scaling_config=ScalingConfig(num_workers=workers, use_gpu=False),
+        scaling_config=scaling,
         run_config=RunConfig(
-            name=run, storage_path=str(root / "storage"), failure_config=FailureConfig(max_failures=1)
+            name=run, storage_path=str(root / "storage"), failure_config=FailureConfig(max_failures=max_failures)
         ),
     )
     started = time.monotonic()

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -32,18 +33,23 @@ CLUSTER_ENVIRONMENT = {
 }
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("ray")
-    command = [sys.executable, str(Path(runs.__file__)), str(root)]
-    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **CLUSTER_ENVIRONMENT}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+def run_on_a_cluster(module: ModuleType, root: Path, **environment: str) -> None:
+    """``python -m module root`` in its own session, with the cluster's environment; its output if it fails."""
+    command = [sys.executable, "-m", module.__name__, str(root)]
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **CLUSTER_ENVIRONMENT, **environment},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     try:
         output = process.communicate(timeout=TIMEOUT)[0]
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 0, output[-6000:]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ray")
+    run_on_a_cluster(runs, root)
     return root
 
 
