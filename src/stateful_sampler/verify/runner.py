@@ -198,7 +198,7 @@ def run_agents(
             _kill(running.pop(doomed))
             progress(f"  {name} run: agent {doomed}'s workers paused after step {step}, the others' waiting in it: "
                      f"agent {doomed} and its workers killed with SIGKILL")  # fmt: skip
-            watch = StepWatch(restart_prefix(run_dir / name, 1), f"{name} run, re-formed,", progress)
+            watch = StepWatch(restart_prefix(run_dir / name, 1), "resumed", progress)
         _wait_for_agents(settings.timeout, run_dir, name, {number: (running[number], logs[number]) for number in running},
                          watch)  # fmt: skip
     watch.finished()
