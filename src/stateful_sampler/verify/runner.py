@@ -199,8 +199,14 @@ def run_agents(
             progress(f"  {name} run: agent {doomed}'s workers paused after step {step}, the others' waiting in it: "
                      f"agent {doomed} and its workers killed with SIGKILL")  # fmt: skip
             watch = StepWatch(restart_prefix(run_dir / name, 1), "resumed", progress)
-        _wait_for_agents(settings.timeout, run_dir, name, {number: (running[number], logs[number]) for number in running},
-                         watch)  # fmt: skip
+        left = {number: (running[number], logs[number]) for number in running}
+        why = (
+            ""
+            if kill is None
+            else f" after agent {kill[0]} was killed: an agent re-forms the group without it only with restarts left "
+            "(torchrun --max-restarts 1 or more) and an --nnodes MIN:MAX whose MIN the agents left reach"
+        )
+        _wait_for_agents(settings.timeout, run_dir, name, left, watch, why)
     watch.finished()
 
 
@@ -213,14 +219,21 @@ def _reached(path: Path, step: int) -> bool:
 
 
 def _wait_for_agents(
-    timeout: float, run_dir: Path, name: str, agents: dict[int, tuple[subprocess.Popen, str]], watch: StepWatch
+    timeout: float,
+    run_dir: Path,
+    name: str,
+    agents: dict[int, tuple[subprocess.Popen, str]],
+    watch: StepWatch,
+    why: str,
 ) -> None:
+    """Until every agent has exited 0; ``why`` follows the exit code of one that did not."""
     deadline = time.monotonic() + timeout
     while True:
         for number, (process, log) in agents.items():
             if process.poll() not in (None, 0):
                 raise TrainingRunError(
-                    f"the {name} run's agent {number} exited with code {process.returncode}" + _failure(run_dir, log)
+                    f"the {name} run's agent {number} exited with code {process.returncode}{why}"
+                    + _failure(run_dir, log)
                 )
         if all(process.returncode == 0 for process, _ in agents.values()):
             return
