@@ -226,7 +226,7 @@ def _wait_for_agents(
     watch: StepWatch,
     why: str,
 ) -> None:
-    """Until every agent has exited 0; ``why`` follows the exit code of one that did not."""
+    """Until every agent has exited 0; ``why`` follows the exit code of one that did not, or the timeout."""
     deadline = time.monotonic() + timeout
     while True:
         for number, (process, log) in agents.items():
@@ -239,7 +239,7 @@ def _wait_for_agents(
             return
         if time.monotonic() > deadline:
             raise TrainingRunError(
-                f"the {name} run's agents did not finish within {timeout:g} s (--timeout)"
+                f"the {name} run's agents did not finish within {timeout:g} s (--timeout){why}"
                 + "".join(_log_tail(run_dir, log) for _, log in agents.values())
             )
         watch.poll()
