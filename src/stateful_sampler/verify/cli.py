@@ -58,7 +58,7 @@ examples:
   stateful-sampler verify --kills 3 -- python train.py --root {run_dir}
   stateful-sampler verify --devices 2 -- torchrun --nproc-per-node {devices} train.py --root {run_dir}
   stateful-sampler verify --resize 4:2 -- torchrun --nproc-per-node {devices} train.py --root {run_dir}
-  stateful-sampler verify --agents 2 -- torchrun --nnodes 1:2 --nproc-per-node 2 --max-restarts 1 \
+  stateful-sampler verify --agents 2 -- torchrun --nnodes 1:2 --nproc-per-node 2 --max-restarts 1 \\
       --rdzv-backend c10d --rdzv-endpoint {rdzv} train.py --root {run_dir}
 
 --config: a LightningCLI config with ModelCheckpoint(every_n_train_steps=N, save_last=True);
@@ -70,6 +70,7 @@ examples:
 --resize A:B: the uninterrupted and the killed run at world size A, every resumed run at B
   ({devices} in the command); equal means per epoch the same records, each once, every rank the
   same steps, and the batches of the killed run identical (docs/verify.md).
+
 --agents N: the command is N torchrun agents of one job, meeting at {rdzv} (a rendezvous store
   verify hosts on a free loopback port); agent --kill-agent (default N) is killed with its workers
   after a step drawn from --kill-seed (or --kill-at), the others re-form the group and finish: the
