@@ -335,7 +335,7 @@ def _check_agents(
     progress(f"uninterrupted run, {agents} agents ...")
     with hosted_rendezvous() as endpoint:
         run_agents(replace(launch, rendezvous=endpoint), reference_dir, "reference", agents, progress=progress)
-    reference = _agents_round(reference_dir / "reference", 0, "uninterrupted run")
+    reference = read_round(reference_dir / "reference", 0, "uninterrupted run")
     if not reference.batches:
         raise TrainingRunError(f"the uninterrupted run recorded no batch: {launch.no_batches}")
     if any(reference_dir.glob("reference.restart1.*")):
@@ -356,14 +356,14 @@ def _check_agents(
     with hosted_rendezvous() as endpoint:
         run_agents(replace(launch, rendezvous=endpoint), crash_dir, "killed", agents, kill=(kill_agent, kill_at),
                    progress=progress)  # fmt: skip
-    killed = _agents_round(crash_dir / "killed", 0, "killed run's first round")
+    killed = read_round(crash_dir / "killed", 0, "killed run's first round")
     if _world(killed) != world:
         raise TrainingRunError(
             f"the killed run's first round formed at world size {_world(killed)}, the uninterrupted run's at {world}: "
             f"the rendezvous completed before every agent joined; raise its last_call_timeout (--rdzv-conf)"
         )
     _check_fresh_start(launch, reference, killed, "")
-    resumed = _agents_round(crash_dir / "killed", 1, "re-formed group")
+    resumed = read_round(crash_dir / "killed", 1, "re-formed group")
     if any(crash_dir.glob("killed.restart2.*")):
         raise TrainingRunError(
             f"the agents left after agent {kill_agent} was killed started their workers more than once: verify "
@@ -393,17 +393,18 @@ def hosted_rendezvous() -> Iterator[str]:
         del store
 
 
-def _agents_round(prefix: Path, restart: int, name: str) -> RunRecord:
+def read_round(prefix: Path, restart: int, name: str) -> RunRecord:
     """One start of the agents' workers, each rank's steps counted 0, 1, ...: a start counted again
     (steps from 0 twice) means the agents re-formed the group within the round."""
     run = read_run(restart_prefix(prefix, restart))
     for rank in sorted({record.rank for record in run.batches}):
         steps = [record.step for record in run.batches if record.rank == rank]
-        if steps != list(range(len(steps))):
+        again = next((number for number, step in enumerate(steps) if step != number), None)
+        if again is not None:
             raise TrainingRunError(
-                f"the {name}'s rank {rank} started more than once (its steps {steps[:12]}): the rendezvous "
-                f"completed before every agent joined and again with them; start the agents within its "
-                f"last_call_timeout (--rdzv-conf)"
+                f"the {name}'s rank {rank} started more than once (after {again} steps its steps count from "
+                f"{steps[again]} again): the rendezvous completed before every agent joined and again with them; "
+                f"start the agents within its last_call_timeout (--rdzv-conf)"
             )
     return run
 
