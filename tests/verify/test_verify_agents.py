@@ -3,7 +3,7 @@
 a drawn step while the other re-forms the group alone at world size 2 and finishes. The example is
 EQUAL by the global order rule; a script that forgets its loader at the re-rendezvous is DIVERGED,
 naming the first step and records trained twice. The command line refuses what --agents cannot run,
-naming the flag (fast)."""
+naming the flag, and a round whose workers started twice (fast)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import pytest
 
 from stateful_sampler import StatefulSampler
 from stateful_sampler.verify.cli import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, format_resize, main
+from stateful_sampler.verify.errors import TrainingRunError
 from stateful_sampler.verify.resize import ResizeReport
+from stateful_sampler.verify.resume_check import read_round
 
 ROOT = Path(__file__).parents[2]
 # Each agent: 2 workers; the survivor (1:2 nodes) re-forms the group alone once the dead agent's
@@ -150,4 +152,19 @@ def test_the_report_names_the_agent_killed_and_the_seed_of_its_step() -> None:
     assert format_resize(report).splitlines()[0] == (
         "agent 3 of 3 killed with its workers after step 5 (drawn with --kill-seed 7) at world size 6; the agents "
         "left re-formed the group at world size 4 from step 4 (epoch 0, record 48 of 96, world size 4)"
+    )
+
+
+def test_a_round_whose_workers_started_twice_cannot_be_compared(tmp_path: Path) -> None:
+    # An agent that completed the rendezvous alone trained 2 steps, then restarted its workers when the
+    # other agent joined: TORCHELASTIC_RESTART_COUNT stays 0, so both starts record into restart0.
+    lines = [{"kind": "batch", "rank": 0, "epoch": 0, "batch_idx": place, "step": step, "fingerprint": "f",
+              "indices": [place]} for place, step in ((0, 0), (1, 1), (0, 0))]  # fmt: skip
+    (tmp_path / "reference.restart0.rank0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(TrainingRunError) as raised:
+        read_round(tmp_path / "reference", 0, "uninterrupted run")
+    assert str(raised.value) == (
+        "the uninterrupted run's rank 0 started more than once (after 2 steps its steps count from 0 again): the "
+        "rendezvous completed before every agent joined and again with them; start the agents within its "
+        "last_call_timeout (--rdzv-conf)"
     )
