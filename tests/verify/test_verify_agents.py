@@ -3,7 +3,7 @@
 a drawn step while the other re-forms the group alone at world size 2 and finishes. The example is
 EQUAL by the global order rule; a script that forgets its loader at the re-rendezvous is DIVERGED,
 naming the first step and records trained twice. The command line refuses what --agents cannot run,
-naming the flag, and a round whose workers started twice (fast)."""
+naming the flag; a round whose workers started twice cannot be compared (fast)."""
 
 from __future__ import annotations
 
