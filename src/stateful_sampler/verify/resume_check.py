@@ -333,6 +333,27 @@ def _check_agents(
     reference_dir, crash_dir = _run_dirs(work_dir)
     progress(f"work directory: {work_dir}")
     progress(f"uninterrupted run, {agents} agents ...")
+    reference = _agents_uninterrupted(launch, agents, reference_dir, progress)
+    steps, first_saved = _kill_range(reference, launch.needs_checkpoint_records)
+    if plan.kill_at is None:
+        kill_at = draw_kill_steps(reference, steps, first_saved, 1, plan.seed)[0]
+        drawn = f" (drawn with --kill-seed {plan.seed})"
+    else:
+        kill_at, drawn = check_kill_step(steps, first_saved, plan.kill_at), ""
+    world = _world(reference)
+    progress(f"run of {agents} agents at world size {world}, agent {kill_agent} killed with SIGKILL with its workers "
+             f"after step {kill_at}{drawn} ...")  # fmt: skip
+    killed, resumed = _agents_killed(launch, agents, (kill_agent, kill_at), crash_dir, world, progress)
+    _check_fresh_start(launch, reference, killed, "")
+    report = compare_resized(reference, [killed, resumed], (world, _world(resumed)), [kill_at],
+                             not_resumed=launch.not_resumed)  # fmt: skip
+    return replace(report, killed_agent=(kill_agent, agents), kill_seed=plan.seed if plan.kill_at is None else None)
+
+
+def _agents_uninterrupted(
+    launch: CommandLaunch, agents: int, reference_dir: Path, progress: Callable[[str], None]
+) -> RunRecord:
+    """Every agent to the end, their workers started once: the uninterrupted run at the full world size."""
     with hosted_rendezvous() as endpoint:
         run_agents(replace(launch, rendezvous=endpoint), reference_dir, "reference", agents, progress=progress)
     reference = read_round(reference_dir / "reference", 0, "uninterrupted run")
@@ -344,39 +365,39 @@ def _check_agents(
             f"see {reference_dir}/reference.agent*.log"
         )
     batch_size_of(reference)  # records are named by their keys: refused now if the batches carry none
-    steps, first_saved = _kill_range(reference, launch.needs_checkpoint_records)
-    if plan.kill_at is None:
-        kill_at = draw_kill_steps(reference, steps, first_saved, 1, plan.seed)[0]
-        drawn = f" (drawn with --kill-seed {plan.seed})"
-    else:
-        kill_at, drawn = check_kill_step(steps, first_saved, plan.kill_at), ""
-    world = _world(reference)
-    progress(f"run of {agents} agents at world size {world}, agent {kill_agent} killed with SIGKILL with its workers "
-             f"after step {kill_at}{drawn} ...")  # fmt: skip
+    return reference
+
+
+def _agents_killed(
+    launch: CommandLaunch,
+    agents: int,
+    kill: tuple[int, int],
+    crash_dir: Path,
+    world: int,
+    progress: Callable[[str], None],
+) -> tuple[RunRecord, RunRecord]:
+    """The run that loses agent I after STEP steps (``kill``): its first round, at the uninterrupted
+    run's world size, and the group the agents left re-formed, started once."""
     with hosted_rendezvous() as endpoint:
-        run_agents(replace(launch, rendezvous=endpoint), crash_dir, "killed", agents, kill=(kill_agent, kill_at),
-                   progress=progress)  # fmt: skip
+        run_agents(replace(launch, rendezvous=endpoint), crash_dir, "killed", agents, kill=kill, progress=progress)
     killed = read_round(crash_dir / "killed", 0, "killed run's first round")
     if _world(killed) != world:
         raise TrainingRunError(
             f"the killed run's first round formed at world size {_world(killed)}, the uninterrupted run's at {world}: "
             f"the rendezvous completed before every agent joined; raise its last_call_timeout (--rdzv-conf)"
         )
-    _check_fresh_start(launch, reference, killed, "")
     resumed = read_round(crash_dir / "killed", 1, "re-formed group")
     if any(crash_dir.glob("killed.restart2.*")):
         raise TrainingRunError(
-            f"the agents left after agent {kill_agent} was killed started their workers more than once: verify "
+            f"the agents left after agent {kill[0]} was killed started their workers more than once: verify "
             f"compares one re-formed group; see {crash_dir}/killed.agent*.log"
         )
     if not resumed.batches:
         raise TrainingRunError(
-            f"the agents left after agent {kill_agent} was killed trained on no batch in a re-formed group: give "
+            f"the agents left after agent {kill[0]} was killed trained on no batch in a re-formed group: give "
             f"torchrun --max-restarts 1 or more; see {crash_dir}/killed.agent*.log"
         )
-    report = compare_resized(reference, [killed, resumed], (world, _world(resumed)), [kill_at],
-                             not_resumed=launch.not_resumed)  # fmt: skip
-    return replace(report, killed_agent=(kill_agent, agents), kill_seed=plan.seed if plan.kill_at is None else None)
+    return killed, resumed
 
 
 @contextmanager
