@@ -137,20 +137,14 @@ def run_and_kill(
     batch at that (epoch, batch) place, which a resumed run reaches whatever step it counts from), then
     SIGKILL the run's whole process tree there, mid-epoch, without any chance to save or clean up;
     ``resume`` resumes from the run directory's checkpoint first."""
-    fifo = run_dir / f"{name}.notify"
-    os.mkfifo(fifo)
-    # Opened read-write, so the FIFO never reports end-of-file while no rank has it open.
-    notify = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
     where = {PAUSE_AT_ENV: str(kill_at)} if place is None else {PAUSE_AT_PLACE_ENV: f"{place[0]}:{place[1]}"}
-    pause = {**where, NOTIFY_ENV: str(fifo)}
     watch = StepWatch(run_dir / name, name, progress)
-    try:
+    with ExitStack() as stack:
+        notify, pause = _pause_channel(stack, run_dir / f"{name}.notify", where)
         with _running(settings, run_dir, name, resume=resume, extra_env=pause) as process:
             runs = {f"{name} run": (process, name)}
             _wait_for_every_rank(runs, notify, settings.timeout, run_dir, name, kill_at, watch)
             _kill(process)  # the crash: SIGKILL to every rank and DataLoader worker at once
-    finally:
-        os.close(notify)
     progress(f"  {name} run: every rank paused after step {kill_at}, killed with SIGKILL")
     return read_run(run_dir / name)
 
@@ -171,43 +165,66 @@ def run_agents(
     rank has reached that batch too (it then waits in the step's collective for the paused ranks),
     agent I's whole process tree is SIGKILLed. The agents left must re-form the group and finish,
     each with exit code 0, within the timeout."""
-    restarts = {RECORD_RESTARTS_ENV: "1"}
     logs = {number: f"{name}.agent{number}" for number in range(1, agents + 1)}
     with ExitStack() as stack:
-        pause: dict[str, str] = {}
-        if kill is not None:
-            fifo = run_dir / f"{name}.notify"
-            os.mkfifo(fifo)
-            notify = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # read-write: no end-of-file while no rank has it
-            stack.callback(os.close, notify)
-            pause = {PAUSE_AT_ENV: str(kill[1]), NOTIFY_ENV: str(fifo)}
+        notify, pause = (
+            (-1, {})
+            if kill is None
+            else _pause_channel(  # -1: no channel, no rank pauses
+                stack, run_dir / f"{name}.notify", {PAUSE_AT_ENV: str(kill[1])}
+            )
+        )
         running = {
             number: stack.enter_context(
                 _running(settings, run_dir, log, resume=False, record=name,
-                         extra_env={**restarts, **(pause if kill is not None and number == kill[0] else {})})
+                         extra_env={RECORD_RESTARTS_ENV: "1", **(pause if kill and number == kill[0] else {})})
             )
             for number, log in logs.items()
         }  # fmt: skip
-        first = restart_prefix(run_dir / name, 0)
-        watch = StepWatch(first, name, progress)
+        watch = StepWatch(restart_prefix(run_dir / name, 0), name, progress)
+        why = ""
         if kill is not None:
-            doomed, step = kill
-            agents_of = {f"{name} run's agent {number}": (process, logs[number]) for number, process in running.items()}
-            _wait_for_every_rank(agents_of, notify, settings.timeout, run_dir, name, step, watch,
-                                 reached=lambda rank: _reached(rank_path(first, rank), step))  # fmt: skip
-            _kill(running.pop(doomed))
-            progress(f"  {name} run: agent {doomed}'s workers paused after step {step}, the others' waiting in it: "
-                     f"agent {doomed} and its workers killed with SIGKILL")  # fmt: skip
+            _kill_agent_at(settings.timeout, run_dir, name, running, logs, kill, notify, watch)
+            progress(f"  {name} run: agent {kill[0]}'s workers paused after step {kill[1]}, the others' waiting in "
+                     f"it: agent {kill[0]} and its workers killed with SIGKILL")  # fmt: skip
             watch = StepWatch(restart_prefix(run_dir / name, 1), "resumed", progress)
-        left = {number: (running[number], logs[number]) for number in running}
-        why = (
-            ""
-            if kill is None
-            else f" after agent {kill[0]} was killed: an agent re-forms the group without it only with restarts left "
-            "(torchrun --max-restarts 1 or more) and an --nnodes MIN:MAX whose MIN the agents left reach"
-        )
-        _wait_for_agents(settings.timeout, run_dir, name, left, watch, why)
+            why = (
+                f" after agent {kill[0]} was killed: an agent re-forms the group without it only with restarts left "
+                "(torchrun --max-restarts 1 or more) and an --nnodes MIN:MAX whose MIN the agents left reach"
+            )
+        _wait_for_agents(settings.timeout, run_dir, name, {number: (running[number], logs[number]) for number in running},
+                         watch, why)  # fmt: skip
     watch.finished()
+
+
+def _pause_channel(stack: ExitStack, fifo: Path, where: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """The FIFO on which the ranks told where to pause (``where``: the recorder's variable) say they
+    did, open while ``stack`` is, and the environment that tells them."""
+    os.mkfifo(fifo)
+    # Opened read-write, so the FIFO never reports end-of-file while no rank has it open.
+    notify = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    stack.callback(os.close, notify)
+    return notify, {**where, NOTIFY_ENV: str(fifo)}
+
+
+def _kill_agent_at(
+    timeout: float,
+    run_dir: Path,
+    name: str,
+    running: dict[int, subprocess.Popen],
+    logs: dict[int, str],
+    kill: tuple[int, int],
+    notify: int,
+    watch: StepWatch,
+) -> None:
+    """Once agent I's workers have paused after STEP steps (``kill``) and every other rank has taken its
+    batch of that step, SIGKILL agent I's process tree; it leaves ``running``."""
+    doomed, step = kill
+    first = restart_prefix(run_dir / name, 0)
+    agents = {f"{name} run's agent {number}": (process, logs[number]) for number, process in running.items()}
+    _wait_for_every_rank(agents, notify, timeout, run_dir, name, step, watch,
+                         reached=lambda rank: _reached(rank_path(first, rank), step))  # fmt: skip
+    _kill(running.pop(doomed))
 
 
 def _reached(path: Path, step: int) -> bool:
