@@ -11,6 +11,8 @@ no logger and no progress bar, writes its checkpoints into the work directory an
 ``ResumableLoader`` and calls ``stateful_sampler.verify.record_weights(model)`` at the end.
 ``--resize A:B`` runs the command at world size A (``{devices}``) and resumes it at B, where the
 elastic rules decide (``verify.resize``): per epoch the same records, each once, equal steps per rank.
+``--agents N`` runs the command as N torchrun agents of one job (``{rdzv}``: the rendezvous verify
+hosts), kills one with its workers, and the same rules judge the group the others re-form.
 
 Exit codes: 0 equal, 1 diverged, 2 could not run (the reason on stderr; a failed run's work
 directory is kept for its logs). Progress goes to stderr, the report to stdout (``--json``: one
@@ -33,7 +35,13 @@ from typing import Any
 from stateful_sampler.verify.compare import ResumeReport
 from stateful_sampler.verify.errors import TrainingRunError
 from stateful_sampler.verify.resize import ResizeReport
-from stateful_sampler.verify.resume_check import DEFAULT_TIMEOUT, check_resize, check_resume, check_timeout
+from stateful_sampler.verify.resume_check import (
+    DEFAULT_TIMEOUT,
+    check_agents,
+    check_resize,
+    check_resume,
+    check_timeout,
+)
 
 EXIT_EQUAL, EXIT_DIVERGED, EXIT_RUN_FAILED = 0, 1, 2
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -50,6 +58,8 @@ examples:
   stateful-sampler verify --kills 3 -- python train.py --root {run_dir}
   stateful-sampler verify --devices 2 -- torchrun --nproc-per-node {devices} train.py --root {run_dir}
   stateful-sampler verify --resize 4:2 -- torchrun --nproc-per-node {devices} train.py --root {run_dir}
+  stateful-sampler verify --agents 2 -- torchrun --nnodes 1:2 --nproc-per-node 2 --max-restarts 1 \\
+      --rdzv-backend c10d --rdzv-endpoint {rdzv} train.py --root {run_dir}
 
 --config: a LightningCLI config with ModelCheckpoint(every_n_train_steps=N, save_last=True);
   resumed with ckpt_path="last", with your int seed_everything (else 0).
@@ -60,6 +70,11 @@ examples:
 --resize A:B: the uninterrupted and the killed run at world size A, every resumed run at B
   ({devices} in the command); equal means per epoch the same records, each once, every rank the
   same steps, and the batches of the killed run identical (docs/verify.md).
+
+--agents N: the command is N torchrun agents of one job, meeting at {rdzv} (a rendezvous store
+  verify hosts on a free loopback port); agent --kill-agent (default N) is killed with its workers
+  after a step drawn from --kill-seed (or --kill-at), the others re-form the group and finish: the
+  --resize rules judge it.
 
 exit codes: 0 equal, 1 diverged, 2 could not run (the reason on stderr; a failed run's work
 directory is kept for its logs). Progress goes to stderr, the report to stdout."""
@@ -78,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="stateful-sampler verify",
         usage="%(prog)s (--config CONFIG | -- COMMAND ...) [--kill-at STEP] [--devices N] [--timeout S] "
-        "[--kills N] [--kill-seed S] [--resize A:B] [--work-dir D] [--json]",
+        "[--kills N] [--kill-seed S] [--resize A:B] [--agents N [--kill-agent I]] [--work-dir D] [--json]",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -107,6 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         help="run and kill at world size A, resume at B: {devices} in the command becomes each",
     )
     parser.add_argument(
+        "--agents",
+        type=_agents,
+        metavar="N",
+        help="run the command as N torchrun agents of one job ({rdzv}: the rendezvous verify hosts) and kill one",
+    )
+    parser.add_argument(
+        "--kill-agent",
+        type=int,
+        metavar="I",
+        help="with --agents: the agent killed with its workers, 1 to N (default: N, the last started)",
+    )
+    parser.add_argument(
         "--timeout",
         type=_seconds,
         default=DEFAULT_TIMEOUT,
@@ -124,8 +151,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--resize resumes a command at another world size: give -- COMMAND with {devices} in it")
     if args.resize is not None and args.devices is not None:
         parser.error("--resize A:B sets the world sizes: drop --devices")
+    _refuse_agents_with(parser, args, command)
     try:
         with _stop_signals_exit():
+            if args.agents is not None:
+                resized = check_agents(
+                    command or [],
+                    args.agents,
+                    kill_agent=args.kill_agent,
+                    kill_at=args.kill_at,
+                    kill_seed=args.kill_seed,
+                    timeout=args.timeout,
+                    work_dir=args.work_dir,
+                    progress=lambda message: print(message, file=sys.stderr, flush=True),
+                )
+                print(json.dumps(resize_json(resized)) if args.json else format_resize(resized), flush=True)
+                return EXIT_EQUAL if resized.equal else EXIT_DIVERGED
             if args.resize is not None:
                 resized = check_resize(
                     command or [],
@@ -160,6 +201,24 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_EQUAL if report.equal else EXIT_DIVERGED
 
 
+def _refuse_agents_with(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str] | None) -> None:
+    """The flags --agents cannot run with, each refused by name (exit 2)."""
+    if args.agents is None:
+        if args.kill_agent is not None:
+            parser.error("--kill-agent names the agent that --agents kills: give --agents N")
+        return
+    if command is None:
+        parser.error("--agents starts a command as torchrun agents: give -- COMMAND with {rdzv} in it")
+    if args.resize is not None:
+        parser.error("--agents sets the world sizes (the killed agent's workers leave the group): drop --resize")
+    if args.devices is not None:
+        parser.error("--agents: drop --devices; give each agent's processes in the command (--nproc-per-node)")
+    if args.kills != 1:
+        parser.error("--agents kills one agent once: drop --kills")
+    if args.kill_agent is not None and not 1 <= args.kill_agent <= args.agents:
+        parser.error(f"--kill-agent must be between 1 and {args.agents} (--agents), got {args.kill_agent}")
+
+
 def _could_not_run(reason: str, as_json: bool) -> int:
     print(f"verify could not complete: {reason}", file=sys.stderr, flush=True)
     if as_json:
@@ -179,6 +238,12 @@ def _sizes(text: str) -> tuple[int, int]:
     if colon and first.isdigit() and second.isdigit() and int(first) > 0 and int(second) > 0:
         return int(first), int(second)
     raise argparse.ArgumentTypeError(f"expected two world sizes above 0 as A:B, e.g. 4:2, got {text!r}")
+
+
+def _agents(text: str) -> int:
+    if text.isdigit() and int(text) >= 2:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected 2 or more agents (one is killed, the others finish), got {text!r}")
 
 
 def _seconds(text: str) -> float:
@@ -267,16 +332,9 @@ def report_json(report: ResumeReport) -> dict[str, Any]:
 def format_resize(report: ResizeReport) -> str:
     """The resize report: where each run was killed and resumed, and each rule, held or not."""
     before, after = report.sizes
-    kills = ", ".join(map(str, report.kill_steps))
     steps = ", ".join(f"epoch {epoch}: {count}" for epoch, count in report.steps_per_rank)
     lines = [
-        (
-            f"killed after step {kills} at world size {before}"
-            if len(report.kill_steps) == 1
-            else f"killed after steps {kills} (the first at world size {before}, the others at {after})"
-        )
-        + f"; resumed at world size {after} from "
-        + "; then from ".join(report.resumed_froms),
+        _killed_line(report),
         f"exact (the layout kept): {report.exact_identical} of the killed run's {report.exact_compared} batches at "
         f"world size {before} identical to the uninterrupted run's"
         + (f"; {report.retrained} batches at world size {after} retrained after a kill" if report.retrained else ""),
@@ -297,6 +355,24 @@ def format_resize(report: ResizeReport) -> str:
     return "\n".join(lines)
 
 
+def _killed_line(report: ResizeReport) -> str:
+    before, after = report.sizes
+    kills = ", ".join(map(str, report.kill_steps))
+    if report.killed_agent is not None:
+        agent, agents = report.killed_agent
+        drawn = "" if report.kill_seed is None else f" (drawn with --kill-seed {report.kill_seed})"
+        return (
+            f"agent {agent} of {agents} killed with its workers after step {kills}{drawn} at world size {before}; "
+            f"the agents left re-formed the group at world size {after} from {report.resumed_froms[0]}"
+        )
+    killed = (
+        f"killed after step {kills} at world size {before}"
+        if len(report.kill_steps) == 1
+        else f"killed after steps {kills} (the first at world size {before}, the others at {after})"
+    )
+    return f"{killed}; resumed at world size {after} from " + "; then from ".join(report.resumed_froms)
+
+
 def resize_json(report: ResizeReport) -> dict[str, Any]:
     """The resize report as plain values, for ``--json``."""
     return {
@@ -315,4 +391,8 @@ def resize_json(report: ResizeReport) -> dict[str, Any]:
         "global_order": report.global_order,
         "first_divergence": report.first_divergence,
         "resume_problem": report.resume_problem,
-    }
+    } | (
+        {}
+        if report.killed_agent is None
+        else {"killed_agent": report.killed_agent[0], "agents": report.killed_agent[1], "kill_seed": report.kill_seed}
+    )

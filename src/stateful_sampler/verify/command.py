@@ -4,7 +4,8 @@ The command's contract (README, "verify any script"): its batches pass through a
 ``ResumableLoader`` (or Lightning with ``SamplerCheckpoint``), it checkpoints into the directory
 verify gives it and resumes from there when run again, and it calls ``record_weights(model)``
 after training. ``{run_dir}`` in the command becomes each run's own directory (also in
-``STATEFUL_SAMPLER_RUN_DIR``), ``{devices}`` the ``--devices`` value. It runs under ``guard.py``,
+``STATEFUL_SAMPLER_RUN_DIR``), ``{devices}`` the ``--devices`` value, ``{rdzv}`` (``--agents``) the
+rendezvous endpoint verify hosts for the run's torchrun agents. It runs under ``guard.py``,
 so the kill reaches every process a launcher (torchrun, ``accelerate launch``) starts.
 """
 
@@ -20,6 +21,7 @@ from stateful_sampler.verify.recorder import RunRecord
 
 RUN_DIR = "{run_dir}"
 DEVICES = "{devices}"
+RDZV = "{rdzv}"
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class CommandLaunch:
     devices: int | None
     timeout: float
     needs_checkpoint_records: bool = False  # the command checkpoints on its own; verify does not see it
+    rendezvous: str | None = None  # HOST:PORT for {rdzv}: the store verify hosts for one run's agents
     # What breaks verify's contract for a command, and the fix, in a plain script's terms.
     no_batches: ClassVar[str] = (
         "verify records the batches a ResumableLoader hands to the training loop (or Lightning's, with "
@@ -70,6 +73,8 @@ class CommandLaunch:
         arguments = [argument.replace(RUN_DIR, str(run_dir)) for argument in self.arguments]
         if self.devices is not None:
             arguments = [argument.replace(DEVICES, str(self.devices)) for argument in arguments]
+        if self.rendezvous is not None:
+            arguments = [argument.replace(RDZV, self.rendezvous) for argument in arguments]
         return [sys.executable, "-m", "stateful_sampler.verify.guard", *arguments]
 
     def settle(self, reference: RunRecord, killed: RunRecord, resumed: RunRecord) -> tuple[RunRecord, RunRecord]:

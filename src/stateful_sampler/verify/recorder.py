@@ -35,6 +35,9 @@ PAUSE_AT_ENV = "STATEFUL_SAMPLER_PAUSE_AT"  # step at whose next batch the run w
 # its steps from 0 under some hooks and from the checkpoint under others, its places are the same.
 PAUSE_AT_PLACE_ENV = "STATEFUL_SAMPLER_PAUSE_AT_PLACE"
 NOTIFY_ENV = "STATEFUL_SAMPLER_NOTIFY"  # FIFO on which a paused rank says so
+# Set: each start of the workers by a torchrun agent records apart, in PREFIX.restart<N> (N its
+# TORCHELASTIC_RESTART_COUNT), so the group an agent re-forms after a re-rendezvous is a run of its own.
+RECORD_RESTARTS_ENV = "STATEFUL_SAMPLER_RECORD_RESTARTS"
 PAUSE_LIMIT_SECONDS = 600  # a paused run nobody kills exits with an error instead of hanging forever
 
 
@@ -68,6 +71,11 @@ def weights_path(prefix: Path) -> Path:
 
 def rank_path(prefix: Path, rank: int) -> Path:
     return prefix.with_name(f"{prefix.name}.rank{rank}.jsonl")
+
+
+def restart_prefix(prefix: Path, restart: int) -> Path:
+    """Where the workers' ``restart``-th start records under ``RECORD_RESTARTS_ENV``."""
+    return prefix.with_name(f"{prefix.name}.restart{restart}")
 
 
 def config_problem_path(prefix: Path) -> Path:
@@ -126,8 +134,11 @@ class Recorder:
         notify = os.environ.get(NOTIFY_ENV)
         place = os.environ.get(PAUSE_AT_PLACE_ENV)
         epoch, _, batch_idx = place.partition(":") if place else ("", "", "")
+        prefix = Path(os.environ[RECORD_ENV])
+        if os.environ.get(RECORD_RESTARTS_ENV):
+            prefix = restart_prefix(prefix, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
         return cls(
-            Path(os.environ[RECORD_ENV]),
+            prefix,
             int(pause_at) if pause_at else None,
             Path(notify) if notify else None,
             (int(epoch), int(batch_idx)) if place else None,

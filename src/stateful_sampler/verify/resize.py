@@ -51,6 +51,8 @@ class ResizeReport:
     global_order: bool  # every epoch's records in the uninterrupted run's global order
     first_divergence: str | None
     resume_problem: str | None  # the first resumed run that did not start at the last checkpoint
+    killed_agent: tuple[int, int] | None = None  # (--agents) the agent killed with its workers, of how many
+    kill_seed: int | None = None  # the seed the kill step was drawn with; None: given (--kill-at)
 
     @property
     def equal(self) -> bool:

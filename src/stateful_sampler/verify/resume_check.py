@@ -1,6 +1,7 @@
 """Run a training three times (uninterrupted; killed with SIGKILL mid-epoch; resumed from its last
 checkpoint) and compare the runs: the check behind ``stateful-sampler verify`` and
-``stateful_sampler.testing.assert_resume_equal``, for a LightningCLI config or any command."""
+``stateful_sampler.testing.assert_resume_equal``, for a LightningCLI config or any command; and, with
+``check_agents``, a job of several torchrun agents of which one is killed with its workers."""
 
 from __future__ import annotations
 
@@ -9,18 +10,19 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from stateful_sampler.checks import check_int
-from stateful_sampler.verify.command import DEVICES, CommandLaunch
+from stateful_sampler.verify.command import DEVICES, RDZV, CommandLaunch
 from stateful_sampler.verify.compare import ResumeReport, compare_runs, start_problem_of
 from stateful_sampler.verify.errors import TrainingRunError
-from stateful_sampler.verify.recorder import BatchRecord, RunRecord, read_run
+from stateful_sampler.verify.recorder import BatchRecord, RunRecord, read_run, restart_prefix
 from stateful_sampler.verify.resize import ResizeReport, batch_size_of, compare_resized
-from stateful_sampler.verify.runner import Launch, RunEndedEarly, run_and_kill, run_training
+from stateful_sampler.verify.runner import Launch, RunEndedEarly, run_agents, run_and_kill, run_training
 
 DEFAULT_TIMEOUT = 600.0
 T = TypeVar("T")
@@ -107,6 +109,55 @@ def check_resize(
     at_b = replace(at_a, devices=sizes[1])
     plan = KillPlan(kill_at, kills, kill_seed)
     return _in_work_dir(work_dir, progress, lambda directory: _check_resize(at_a, at_b, directory, plan, progress))
+
+
+def check_agents(
+    command: Sequence[str],
+    agents: int,
+    *,
+    kill_agent: int | None = None,
+    kill_at: int | None = None,
+    kill_seed: int = 0,
+    timeout: float = DEFAULT_TIMEOUT,
+    work_dir: str | Path | None = None,
+    progress: Callable[[str], None] = lambda message: None,
+) -> ResizeReport:
+    """Run ``command`` as the ``agents`` torchrun agents of one elastic job (``{rdzv}`` becomes the
+    rendezvous endpoint verify hosts), uninterrupted; then again, SIGKILLing agent ``kill_agent``
+    (1 to ``agents``, default the last) with its workers after ``kill_at`` steps (default: drawn from
+    ``kill_seed``), while the agents left re-form the group at a smaller world size and finish. The
+    elastic rules decide (``verify.resize``): per epoch the same records, each once, every rank the
+    same steps; the first round's batches exact.
+
+    Example:
+        >>> torchrun = ["torchrun", "--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "1"]
+        >>> rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "{rdzv}"]
+        >>> check_agents([*torchrun, *rendezvous, "train.py", "--root", "{run_dir}"], 2).rule  # doctest: +SKIP
+        'global order'
+    """
+    timeout = check_timeout(timeout)
+    agents = check_int("agents (--agents)", agents, minimum=2)
+    kill_agent = agents if kill_agent is None else check_int("kill_agent (--kill-agent)", kill_agent, minimum=1,
+                                                              maximum=agents)  # fmt: skip
+    if kill_at is not None:
+        kill_at = check_int("kill_at", kill_at, minimum=1)
+    kill_seed = check_int("kill_seed (--kill-seed)", kill_seed, minimum=0)
+    if not isinstance(command, (list, tuple)):
+        raise TypeError(
+            f"agents (--agents) starts a command as torchrun agents: give -- COMMAND with {RDZV} where torchrun "
+            f"takes its rendezvous endpoint, not {type(command).__name__} {command!r}"
+        )
+    if not any(isinstance(argument, str) and RDZV in argument for argument in command):
+        raise ValueError(
+            f"agents (--agents): the command has no {RDZV} to put the rendezvous endpoint verify hosts in; write "
+            f"it where torchrun takes it, e.g. torchrun --nnodes 1:{agents} --rdzv-backend c10d --rdzv-endpoint "
+            f"{RDZV} ..."
+        )
+    launch = CommandLaunch.checked(command, None, timeout)
+    plan = KillPlan(kill_at, 1, kill_seed)
+    return _in_work_dir(
+        work_dir, progress, lambda directory: _check_agents(launch, agents, kill_agent, directory, plan, progress)
+    )
 
 
 def _in_work_dir(work_dir: str | Path | None, progress: Callable[[str], None], check: Callable[[Path], T]) -> T:
@@ -268,6 +319,119 @@ def _check_resize(
     progress(f"run resumed at world size {sizes[1]} to the end ...")
     runs.append(run_training(at_b, crash_dir, "resumed", resume=True, progress=progress))
     return compare_resized(reference, runs, sizes, kill_steps, not_resumed=at_a.not_resumed)
+
+
+def _check_agents(
+    launch: CommandLaunch,
+    agents: int,
+    kill_agent: int,
+    work_dir: Path,
+    plan: KillPlan,
+    progress: Callable[[str], None],
+) -> ResizeReport:
+    """Both runs with every agent; the second loses one agent with its workers, the others finish."""
+    reference_dir, crash_dir = _run_dirs(work_dir)
+    progress(f"work directory: {work_dir}")
+    progress(f"uninterrupted run, {agents} agents ...")
+    reference = _agents_uninterrupted(launch, agents, reference_dir, progress)
+    steps, first_saved = _kill_range(reference, launch.needs_checkpoint_records)
+    if plan.kill_at is None:
+        kill_at = draw_kill_steps(reference, steps, first_saved, 1, plan.seed)[0]
+        drawn = f" (drawn with --kill-seed {plan.seed})"
+    else:
+        kill_at, drawn = check_kill_step(steps, first_saved, plan.kill_at), ""
+    world = _world(reference)
+    progress(f"run of {agents} agents at world size {world}, agent {kill_agent} killed with SIGKILL with its workers "
+             f"after step {kill_at}{drawn} ...")  # fmt: skip
+    killed, resumed = _agents_killed(launch, agents, (kill_agent, kill_at), crash_dir, world, progress)
+    _check_fresh_start(launch, reference, killed, "")
+    report = compare_resized(reference, [killed, resumed], (world, _world(resumed)), [kill_at],
+                             not_resumed=launch.not_resumed)  # fmt: skip
+    return replace(report, killed_agent=(kill_agent, agents), kill_seed=plan.seed if plan.kill_at is None else None)
+
+
+def _agents_uninterrupted(
+    launch: CommandLaunch, agents: int, reference_dir: Path, progress: Callable[[str], None]
+) -> RunRecord:
+    """Every agent to the end, their workers started once: the uninterrupted run at the full world size."""
+    with hosted_rendezvous() as endpoint:
+        run_agents(replace(launch, rendezvous=endpoint), reference_dir, "reference", agents, progress=progress)
+    reference = read_round(reference_dir / "reference", 0, "uninterrupted run")
+    if not reference.batches:
+        raise TrainingRunError(f"the uninterrupted run recorded no batch: {launch.no_batches}")
+    if any(reference_dir.glob("reference.restart1.*")):
+        raise TrainingRunError(
+            "the uninterrupted run's agents restarted their workers (one failed): nothing to compare with; "
+            f"see {reference_dir}/reference.agent*.log"
+        )
+    batch_size_of(reference)  # records are named by their keys: refused now if the batches carry none
+    return reference
+
+
+def _agents_killed(
+    launch: CommandLaunch,
+    agents: int,
+    kill: tuple[int, int],
+    crash_dir: Path,
+    world: int,
+    progress: Callable[[str], None],
+) -> tuple[RunRecord, RunRecord]:
+    """The run that loses agent I after STEP steps (``kill``): its first round, at the uninterrupted
+    run's world size, and the group the agents left re-formed, started once."""
+    with hosted_rendezvous() as endpoint:
+        run_agents(replace(launch, rendezvous=endpoint), crash_dir, "killed", agents, kill=kill, progress=progress)
+    killed = read_round(crash_dir / "killed", 0, "killed run's first round")
+    if _world(killed) != world:
+        raise TrainingRunError(
+            f"the killed run's first round formed at world size {_world(killed)}, the uninterrupted run's at {world}: "
+            f"the rendezvous completed before every agent joined; raise its last_call_timeout (--rdzv-conf)"
+        )
+    resumed = read_round(crash_dir / "killed", 1, "re-formed group")
+    if any(crash_dir.glob("killed.restart2.*")):
+        raise TrainingRunError(
+            f"the agents left after agent {kill[0]} was killed started their workers more than once: verify "
+            f"compares one re-formed group; see {crash_dir}/killed.agent*.log"
+        )
+    if not resumed.batches:
+        raise TrainingRunError(
+            f"the agents left after agent {kill[0]} was killed trained on no batch in a re-formed group: give "
+            f"torchrun --max-restarts 1 or more; see {crash_dir}/killed.agent*.log"
+        )
+    return killed, resumed
+
+
+@contextmanager
+def hosted_rendezvous() -> Iterator[str]:
+    """The endpoint of a TCP store hosted in this process for one run's agents, on a loopback port the
+    system picks (port 0: asked once, never raced). torchrun's c10d rendezvous finds the port taken and
+    joins as a client, so no agent hosts the store and any agent may be killed."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        yield f"127.0.0.1:{store.port}"
+    finally:
+        del store
+
+
+def read_round(prefix: Path, restart: int, name: str) -> RunRecord:
+    """One start of the agents' workers, each rank's steps counted 0, 1, ...: a start counted again
+    (steps from 0 twice) means the agents re-formed the group within the round."""
+    run = read_run(restart_prefix(prefix, restart))
+    for rank in sorted({record.rank for record in run.batches}):
+        steps = [record.step for record in run.batches if record.rank == rank]
+        again = next((number for number, step in enumerate(steps) if step != number), None)
+        if again is not None:
+            raise TrainingRunError(
+                f"the {name}'s rank {rank} started more than once (after {again} steps its steps count from "
+                f"{steps[again]} again): the rendezvous completed before every agent joined and again with them; "
+                f"start the agents within its last_call_timeout (--rdzv-conf)"
+            )
+    return run
+
+
+def _world(run: RunRecord) -> int:
+    return len({record.rank for record in run.batches})
 
 
 def _resume_point(reference: RunRecord, killed: RunRecord, kill_at: int) -> int:

@@ -5,7 +5,8 @@ it (``process_tree.py``): every rank and DataLoader worker at once, also ranks t
 as torchrun puts in sessions of their own (a command runs under ``guard.py``, a subreaper, so they
 stay in its tree). No run outlives the runner: one that overstays its timeout, or whose runner
 stops on an exception (Ctrl-C, verify's SIGTERM), is killed; if the runner itself is killed, the
-run's first process sees its lifeline (``lifeline.py``) end and kills the run.
+run's first process sees its lifeline (``lifeline.py``) end and kills the run. ``run_agents`` starts
+a job's torchrun agents side by side, each such a run, and kills one of them with its workers.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import select
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -31,10 +32,12 @@ from stateful_sampler.verify.recorder import (
     PAUSE_AT_ENV,
     PAUSE_AT_PLACE_ENV,
     RECORD_ENV,
+    RECORD_RESTARTS_ENV,
     RunRecord,
     config_problem_path,
     rank_path,
     read_run,
+    restart_prefix,
 )
 
 _LOG_TAIL_LINES = 40
@@ -134,21 +137,130 @@ def run_and_kill(
     batch at that (epoch, batch) place, which a resumed run reaches whatever step it counts from), then
     SIGKILL the run's whole process tree there, mid-epoch, without any chance to save or clean up;
     ``resume`` resumes from the run directory's checkpoint first."""
-    fifo = run_dir / f"{name}.notify"
+    where = {PAUSE_AT_ENV: str(kill_at)} if place is None else {PAUSE_AT_PLACE_ENV: f"{place[0]}:{place[1]}"}
+    watch = StepWatch(run_dir / name, name, progress)
+    with ExitStack() as stack:
+        notify, pause = _pause_channel(stack, run_dir / f"{name}.notify", where)
+        with _running(settings, run_dir, name, resume=resume, extra_env=pause) as process:
+            runs = {f"{name} run": (process, name)}
+            _wait_for_every_rank(runs, notify, settings.timeout, run_dir, name, kill_at, watch)
+            _kill(process)  # the crash: SIGKILL to every rank and DataLoader worker at once
+    progress(f"  {name} run: every rank paused after step {kill_at}, killed with SIGKILL")
+    return read_run(run_dir / name)
+
+
+def run_agents(
+    settings: Launch,
+    run_dir: Path,
+    name: str,
+    agents: int,
+    *,
+    kill: tuple[int, int] | None = None,
+    progress: Progress = lambda message: None,
+) -> None:
+    """Start ``agents`` copies of the command at once: the torchrun agents of one job, which meet at the
+    rendezvous verify hosts, each in a session of its own, its output in NAME.agent<I>.log (I from 1).
+    Each start of their workers records apart, in NAME.restart<N> (``RECORD_RESTARTS_ENV``). With
+    ``kill`` = (I, STEP), agent I's workers pause at their first batch after STEP steps; once every other
+    rank has reached that batch too (it then waits in the step's collective for the paused ranks),
+    agent I's whole process tree is SIGKILLed. The agents left must re-form the group and finish,
+    each with exit code 0, within the timeout."""
+    logs = {number: f"{name}.agent{number}" for number in range(1, agents + 1)}
+    with ExitStack() as stack:
+        notify, pause = (
+            (-1, {})
+            if kill is None
+            else _pause_channel(  # -1: no channel, no rank pauses
+                stack, run_dir / f"{name}.notify", {PAUSE_AT_ENV: str(kill[1])}
+            )
+        )
+        running = {
+            number: stack.enter_context(
+                _running(settings, run_dir, log, resume=False, record=name,
+                         extra_env={RECORD_RESTARTS_ENV: "1", **(pause if kill and number == kill[0] else {})})
+            )
+            for number, log in logs.items()
+        }  # fmt: skip
+        watch = StepWatch(restart_prefix(run_dir / name, 0), name, progress)
+        why = ""
+        if kill is not None:
+            _kill_agent_at(settings.timeout, run_dir, name, running, logs, kill, notify, watch)
+            progress(f"  {name} run: agent {kill[0]}'s workers paused after step {kill[1]}, the others' waiting in "
+                     f"it: agent {kill[0]} and its workers killed with SIGKILL")  # fmt: skip
+            watch = StepWatch(restart_prefix(run_dir / name, 1), "resumed", progress)
+            why = (
+                f" after agent {kill[0]} was killed: an agent re-forms the group without it only with restarts left "
+                "(torchrun --max-restarts 1 or more) and an --nnodes MIN:MAX whose MIN the agents left reach"
+            )
+        _wait_for_agents(settings.timeout, run_dir, name, {number: (running[number], logs[number]) for number in running},
+                         watch, why)  # fmt: skip
+    watch.finished()
+
+
+def _pause_channel(stack: ExitStack, fifo: Path, where: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """The FIFO on which the ranks told where to pause (``where``: the recorder's variable) say they
+    did, open while ``stack`` is, and the environment that tells them."""
     os.mkfifo(fifo)
     # Opened read-write, so the FIFO never reports end-of-file while no rank has it open.
     notify = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
-    where = {PAUSE_AT_ENV: str(kill_at)} if place is None else {PAUSE_AT_PLACE_ENV: f"{place[0]}:{place[1]}"}
-    pause = {**where, NOTIFY_ENV: str(fifo)}
-    watch = StepWatch(run_dir / name, name, progress)
-    try:
-        with _running(settings, run_dir, name, resume=resume, extra_env=pause) as process:
-            _wait_for_every_rank(process, notify, settings.timeout, run_dir, name, kill_at, watch)
-            _kill(process)  # the crash: SIGKILL to every rank and DataLoader worker at once
-    finally:
-        os.close(notify)
-    progress(f"  {name} run: every rank paused after step {kill_at}, killed with SIGKILL")
-    return read_run(run_dir / name)
+    stack.callback(os.close, notify)
+    return notify, {**where, NOTIFY_ENV: str(fifo)}
+
+
+def _kill_agent_at(
+    timeout: float,
+    run_dir: Path,
+    name: str,
+    running: dict[int, subprocess.Popen],
+    logs: dict[int, str],
+    kill: tuple[int, int],
+    notify: int,
+    watch: StepWatch,
+) -> None:
+    """Once agent I's workers have paused after STEP steps (``kill``) and every other rank has taken its
+    batch of that step, SIGKILL agent I's process tree; it leaves ``running``."""
+    doomed, step = kill
+    first = restart_prefix(run_dir / name, 0)
+    agents = {f"{name} run's agent {number}": (process, logs[number]) for number, process in running.items()}
+    _wait_for_every_rank(agents, notify, timeout, run_dir, name, step, watch,
+                         reached=lambda rank: _reached(rank_path(first, rank), step))  # fmt: skip
+    _kill(running.pop(doomed))
+
+
+def _reached(path: Path, step: int) -> bool:
+    """The rank's record holds its batch after ``step`` steps (a whole line: the rank wrote it)."""
+    if not path.exists():
+        return False
+    lines = path.read_bytes().split(b"\n")[:-1]
+    return any(entry["kind"] == "batch" and entry["step"] >= step for entry in map(json.loads, lines))
+
+
+def _wait_for_agents(
+    timeout: float,
+    run_dir: Path,
+    name: str,
+    agents: dict[int, tuple[subprocess.Popen, str]],
+    watch: StepWatch,
+    why: str,
+) -> None:
+    """Until every agent has exited 0; ``why`` follows the exit code of one that did not, or the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for number, (process, log) in agents.items():
+            if process.poll() not in (None, 0):
+                raise TrainingRunError(
+                    f"the {name} run's agent {number} exited with code {process.returncode}{why}"
+                    + _failure(run_dir, log)
+                )
+        if all(process.returncode == 0 for process, _ in agents.values()):
+            return
+        if time.monotonic() > deadline:
+            raise TrainingRunError(
+                f"the {name} run's agents did not finish within {timeout:g} s (--timeout){why}"
+                + "".join(_log_tail(run_dir, log) for _, log in agents.values())
+            )
+        watch.poll()
+        time.sleep(_POLL_SECONDS)
 
 
 class StepWatch:
@@ -189,14 +301,17 @@ class StepWatch:
 
 @contextmanager
 def _running(
-    settings: Launch, run_dir: Path, name: str, *, resume: bool, extra_env: dict[str, str]
+    settings: Launch, run_dir: Path, name: str, *, resume: bool, extra_env: dict[str, str], record: str | None = None
 ) -> Iterator[subprocess.Popen]:
-    """The run, started in its own session with a lifeline; killed on the way out if still running
-    (also on Ctrl-C: the terminal's SIGINT never reaches another session)."""
+    """The run, started in its own session with a lifeline, its output in NAME.log, recording into
+    RECORD (default NAME); killed on the way out if still running (also on Ctrl-C: the terminal's
+    SIGINT never reaches another session)."""
     lifeline, keep = os.pipe()  # the run reads; only this process holds the write end
     try:
         try:
-            process = _start(settings, run_dir, name, resume=resume, extra_env=extra_env, lifeline=lifeline)
+            process = _start(
+                settings, run_dir, name, resume=resume, extra_env=extra_env, lifeline=lifeline, record=record or name
+            )
         finally:
             os.close(lifeline)
         try:
@@ -209,14 +324,14 @@ def _running(
 
 
 def _start(
-    settings: Launch, run_dir: Path, name: str, *, resume: bool, extra_env: dict[str, str], lifeline: int
+    settings: Launch, run_dir: Path, name: str, *, resume: bool, extra_env: dict[str, str], lifeline: int, record: str
 ) -> subprocess.Popen:
     command = settings.command(run_dir, resume)
     plugins = [part for part in os.environ.get(PLUGINS_ENV, "").split(",") if part and part != PLUGIN]
     env = {
         **os.environ,
         PLUGINS_ENV: ",".join([*plugins, PLUGIN]),  # the core loads verify's recording into the run
-        RECORD_ENV: str(run_dir / name),
+        RECORD_ENV: str(run_dir / record),
         RUN_DIR_ENV: str(run_dir),
         LIFELINE_ENV: str(lifeline),
         **extra_env,
@@ -233,18 +348,27 @@ def _start(
 
 
 def _wait_for_every_rank(
-    process: subprocess.Popen, notify: int, timeout: float, run_dir: Path, name: str, kill_at: int, watch: StepWatch
+    processes: dict[str, tuple[subprocess.Popen, str]],
+    notify: int,
+    timeout: float,
+    run_dir: Path,
+    name: str,
+    kill_at: int,
+    watch: StepWatch,
+    reached: Callable[[int], bool] = lambda rank: False,
 ) -> None:
+    """Until every rank has paused after ``kill_at`` steps (and said so on ``notify``), or, for a rank
+    that does not pause, ``reached`` that batch; ``processes``: who may end early, with their log's name."""
     deadline = time.monotonic() + timeout
     paused: set[int] = set()
     world_size: int | None = None
     received = b""
-    while world_size is None or len(paused) < world_size:
+    while world_size is None or not all(rank in paused or reached(rank) for rank in range(world_size)):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TrainingRunError(
                 f"the {name} run did not reach step {kill_at} within {timeout:g} s (--timeout)"
-                + _log_tail(run_dir, name)
+                + "".join(_log_tail(run_dir, log) for _, log in processes.values())
             )
         ready, _, _ = select.select([notify], [], [], min(remaining, _POLL_SECONDS))
         watch.poll()
@@ -255,10 +379,11 @@ def _wait_for_every_rank(
             for line in lines:
                 rank, world_size = (int(word) for word in line.split())
                 paused.add(rank)
-        elif process.poll() is not None:
+        elif ended := [(who, each) for who, each in processes.items() if each[0].poll() is not None]:
+            who, (process, log) = ended[0]
             raise RunEndedEarly(
-                f"the {name} run ended (exit code {process.returncode}) before reaching step {kill_at}"
-                + _failure(run_dir, name),
+                f"the {who} ended (exit code {process.returncode}) before reaching step {kill_at}"
+                + _failure(run_dir, log),
                 process.returncode,
             )
 
