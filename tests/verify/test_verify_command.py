@@ -4,6 +4,7 @@ broken one is caught at its first divergent step."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -14,8 +15,9 @@ import pytest
 from stateful_sampler.testing import assert_resume_equal
 from stateful_sampler.verify.cli import EXIT_DIVERGED, EXIT_EQUAL, EXIT_RUN_FAILED, main
 from stateful_sampler.verify.process_tree import descendants, kill_tree
-from stateful_sampler.verify.recorder import BatchRecord, RunRecord
+from stateful_sampler.verify.recorder import BatchRecord, RunRecord, rank_path
 from stateful_sampler.verify.resume_check import check_resume, draw_kill_steps
+from stateful_sampler.verify.runner import StepWatch
 
 SCRIPT = str(Path(__file__).with_name("verify_command_script.py"))
 COMMAND = [sys.executable, SCRIPT, "--root", "{run_dir}"]
@@ -79,8 +81,30 @@ def test_verify_of_a_command_passes_on_a_script_that_resumes_exactly_and_reports
     ]
     assert f"  reference run: finished, {STEPS} steps on rank 0" in lines
     assert f"  killed run: every rank paused after step {KILL_AT}, killed with SIGKILL" in lines
+    # how many progress lines a run of a few seconds gets depends on the polls' timing (none is possible):
+    # test_a_step_watch_reports_each_new_step_it_reads pins them down
     reached = [int(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("  reference run: step ")]
-    assert reached and reached == sorted(reached) and set(reached) <= set(range(1, STEPS + 1))
+    assert reached == sorted(reached) and set(reached) <= set(range(1, STEPS + 1))
+
+
+def test_a_step_watch_reports_each_new_step_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress a run reports: the step its rank-0 record reached, read as the record grows (a line cut
+    in two by a write is read whole at the next poll), and the count at the end."""
+    monkeypatch.setattr("stateful_sampler.verify.runner.PROGRESS_SECONDS", 0.0)
+    heard: list[str] = []
+    watch = StepWatch(tmp_path / "reference", "reference", heard.append)
+    watch.poll()  # no record yet
+    path = rank_path(tmp_path / "reference", 0)
+    lines = [json.dumps({"kind": "batch", "step": step}) + "\n" for step in range(3)]
+    path.write_text(lines[0] + lines[1][:5])
+    watch.poll()
+    with path.open("a") as record:
+        record.write(lines[1][5:] + lines[2])
+    watch.poll()
+    watch.poll()  # nothing new: the same step again
+    watch.finished()
+    assert heard == ["  reference run: step 1", "  reference run: step 3", "  reference run: step 3",
+                     "  reference run: finished, 3 steps on rank 0"]  # fmt: skip
 
 
 @pytest.mark.slow
