@@ -75,11 +75,19 @@ def test_a_kept_fingerprint_is_the_one_computed_afresh_and_another_weight_size_o
     assert moved.fingerprint() == _hashed("mixture", moved._identity()) != continued.fingerprint()
 
 
-def test_under_other_print_options_the_fingerprint_is_computed_as_before() -> None:
-    """The fingerprint reprs its weights: a kept one, made under the import's print options, is not taken under
-    others (a narrower line wraps the repr elsewhere)."""
-    sizes, weights = [10] * 12, list(range(1, 13))
-    Mixture(sizes, weights, num_samples=50).fingerprint()  # kept under the import's options
-    with np.printoptions(linewidth=20):
-        narrow = Mixture(sizes, weights, num_samples=50)
-        assert narrow.fingerprint() == _hashed("mixture", narrow._identity())
+def test_the_fingerprint_does_not_follow_the_users_print_options() -> None:
+    """The fingerprint reprs nested arrays: under a user's own NumPy print options it is the one of the defaults,
+    kept or not, and a precision of 2 does not make two mixtures whose weights differ in the third digit one."""
+    sizes = [10] * 12
+    default = Mixture(sizes, [0.501] + [0.5] * 11, num_samples=50).fingerprint()
+    other = Mixture(sizes, [0.502] + [0.5] * 11, num_samples=50).fingerprint()
+    assert default != other
+    options = [{"linewidth": 20}, {"precision": 2}, {"formatter": {"all": lambda _: "x"}}, {"legacy": "1.13"}]
+    for option in options:
+        with np.printoptions(**option):
+            assert Mixture(sizes, [0.501] + [0.5] * 11, num_samples=50).fingerprint() == default, option
+            assert Mixture(sizes, [0.502] + [0.5] * 11, num_samples=50).fingerprint() == other, option
+            fresh = Mixture(sizes, [0.503] + [0.5] * 11, num_samples=50)  # not kept yet
+            assert fresh.fingerprint() == _hashed("mixture", fresh._identity())
+    with np.printoptions(precision=2):
+        assert fresh.fingerprint() == Mixture(sizes, [0.503] + [0.5] * 11, num_samples=50).fingerprint()

@@ -111,7 +111,7 @@ class Strategy(ABC):
 
     def _hash(self) -> str:
         identity = self._identity()
-        if self.keeps_fingerprints and np.get_printoptions() == _PRINT_OPTIONS:
+        if self.keeps_fingerprints:
             return _kept_hash(self.name, identity)
         return _hashed(self.name, identity)
 
@@ -119,7 +119,13 @@ class Strategy(ABC):
         return ()
 
 
-_PRINT_OPTIONS = np.get_printoptions()  # NumPy's at import: the reprs of the kept fingerprints were made under them
+# NumPy's default print options, but arrays in full: a fingerprint's reprs must not follow the user's options (a
+# precision of 2 would give two mixtures whose weights differ in the third digit one fingerprint)
+_REPR_OPTIONS: dict[str, Any] = {"edgeitems": 3, "threshold": sys.maxsize, "floatmode": "maxprec", "precision": 8,
+                                 "suppress": False, "linewidth": 75, "nanstr": "nan", "infstr": "inf", "sign": "-",
+                                 "formatter": None, "legacy": False}  # fmt: skip
+if "override_repr" in np.get_printoptions():  # NumPy 2.1 and later
+    _REPR_OPTIONS["override_repr"] = None
 _KEPT = 256  # fingerprints kept at most, then started afresh
 _kept: dict[bytes, str] = {}  # a digest of (name, identity) -> the fingerprint
 
@@ -130,7 +136,7 @@ def _hashed(name: str, identity: tuple[Any, ...]) -> str:
     digest = hashlib.blake2b(name.encode(), digest_size=8)
     # repr in full: NumPy abbreviates an array of more than 1,000 values with "...", so the weights of a mixture
     # of more sources, held in a tuple, would leave its fingerprint unchanged (a smaller array's repr is the same)
-    with np.printoptions(threshold=sys.maxsize):
+    with np.printoptions(**_REPR_OPTIONS):
         for part in identity:
             if isinstance(part, np.ndarray):
                 digest.update(str(part.dtype).encode() + repr(part.shape).encode())
@@ -142,11 +148,10 @@ def _hashed(name: str, identity: tuple[Any, ...]) -> str:
 
 
 def _kept_hash(name: str, identity: tuple[Any, ...]) -> str:
-    """``_hashed``, computed once per distinct identity in a process (under the print options of the import, which
-    the caller checks). The key is a digest that sees no repr of a numeric array, only its bytes: equal keys are
-    equal identities, part by part, and so equal fingerprints."""
+    """``_hashed``, computed once per distinct identity in a process. The key is a digest that sees no repr of a
+    numeric array, only its bytes: equal keys are equal identities, part by part, and so equal fingerprints."""
     key = hashlib.blake2b(name.encode(), digest_size=32)
-    with np.printoptions(threshold=sys.maxsize):  # a leaf's repr as ``_hashed`` makes it
+    with np.printoptions(**_REPR_OPTIONS):  # a leaf's repr as ``_hashed`` makes it
         for part in identity:
             if isinstance(part, np.ndarray):  # as ``_hashed`` hashes it (a subclass too)
                 key.update(b"a" + str(part.dtype).encode() + repr(part.shape).encode() + b":")
