@@ -154,29 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     _refuse_agents_with(parser, args, command)
     try:
         with _stop_signals_exit():
-            if args.agents is not None:
-                resized = check_agents(
-                    command or [],
-                    args.agents,
-                    kill_agent=args.kill_agent,
-                    kill_at=args.kill_at,
-                    kill_seed=args.kill_seed,
-                    timeout=args.timeout,
-                    work_dir=args.work_dir,
-                    progress=lambda message: print(message, file=sys.stderr, flush=True),
-                )
-                print(json.dumps(resize_json(resized)) if args.json else format_resize(resized), flush=True)
-                return EXIT_EQUAL if resized.equal else EXIT_DIVERGED
-            if args.resize is not None:
-                resized = check_resize(
-                    command or [],
-                    args.resize,
-                    kill_at=args.kill_at,
-                    kills=args.kills,
-                    kill_seed=args.kill_seed,
-                    timeout=args.timeout,
-                    work_dir=args.work_dir,
-                    progress=lambda message: print(message, file=sys.stderr, flush=True),
+            progress = lambda message: print(message, file=sys.stderr, flush=True)
+            if args.agents is not None or args.resize is not None:
+                kill = {"kill_at": args.kill_at, "kill_seed": args.kill_seed, "timeout": args.timeout,
+                        "work_dir": args.work_dir, "progress": progress}  # fmt: skip
+                resized = (
+                    check_agents(command or [], args.agents, kill_agent=args.kill_agent, **kill)
+                    if args.agents is not None
+                    else check_resize(command or [], args.resize, kills=args.kills, **kill)
                 )
                 print(json.dumps(resize_json(resized)) if args.json else format_resize(resized), flush=True)
                 return EXIT_EQUAL if resized.equal else EXIT_DIVERGED
@@ -188,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 devices=args.devices,
                 timeout=args.timeout,
                 work_dir=args.work_dir,
-                progress=lambda message: print(message, file=sys.stderr, flush=True),
+                progress=progress,
             )
     except (TrainingRunError, FileNotFoundError, ValueError, TypeError) as error:
         return _could_not_run(str(error), args.json)

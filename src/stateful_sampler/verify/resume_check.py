@@ -95,20 +95,28 @@ def check_resize(
     kill_seed = check_int("kill_seed (--kill-seed)", kill_seed, minimum=0)
     if kills > 1 and kill_at is not None:
         raise ValueError(f"kill_at (--kill-at) is for one kill; with kills (--kills) {kills} the steps are drawn")
-    if not isinstance(command, (list, tuple)):
-        raise TypeError(
-            f"resize (--resize) resumes a command at another world size: give -- COMMAND with {DEVICES} where it "
-            f"takes its process count, not {type(command).__name__} {command!r}"
-        )
-    if not any(isinstance(argument, str) and DEVICES in argument for argument in command):
-        raise ValueError(
-            f"resize (--resize): the command has no {DEVICES} to put the world sizes {sizes[0]} and {sizes[1]} in; "
-            f"write it where the command takes its process count, e.g. torchrun --nproc-per-node {DEVICES} ..."
-        )
+    _check_placeholder(
+        command, DEVICES, "resize (--resize)", "resumes a command at another world size",
+        ("it takes its process count", "the command takes its process count"),
+        f"to put the world sizes {sizes[0]} and {sizes[1]} in", f"torchrun --nproc-per-node {DEVICES} ...",
+    )  # fmt: skip
     at_a = CommandLaunch.checked(command, sizes[0], timeout)
     at_b = replace(at_a, devices=sizes[1])
     plan = KillPlan(kill_at, kills, kill_seed)
     return _in_work_dir(work_dir, progress, lambda directory: _check_resize(at_a, at_b, directory, plan, progress))
+
+
+def _check_placeholder(command: Any, placeholder: str, flag: str, does: str, takes: tuple[str, str], why: str,
+                       example: str) -> None:  # fmt: skip
+    """Refuse a command that is not a list of arguments, or that lacks the ``placeholder`` ``flag`` fills in
+    (``takes``: where the placeholder goes, said of a command given and of one to write)."""
+    if not isinstance(command, (list, tuple)):
+        raise TypeError(
+            f"{flag} {does}: give -- COMMAND with {placeholder} where {takes[0]}, not {type(command).__name__} "
+            f"{command!r}"
+        )
+    if not any(isinstance(argument, str) and placeholder in argument for argument in command):
+        raise ValueError(f"{flag}: the command has no {placeholder} {why}; write it where {takes[1]}, e.g. {example}")
 
 
 def check_agents(
@@ -142,17 +150,11 @@ def check_agents(
     if kill_at is not None:
         kill_at = check_int("kill_at", kill_at, minimum=1)
     kill_seed = check_int("kill_seed (--kill-seed)", kill_seed, minimum=0)
-    if not isinstance(command, (list, tuple)):
-        raise TypeError(
-            f"agents (--agents) starts a command as torchrun agents: give -- COMMAND with {RDZV} where torchrun "
-            f"takes its rendezvous endpoint, not {type(command).__name__} {command!r}"
-        )
-    if not any(isinstance(argument, str) and RDZV in argument for argument in command):
-        raise ValueError(
-            f"agents (--agents): the command has no {RDZV} to put the rendezvous endpoint verify hosts in; write "
-            f"it where torchrun takes it, e.g. torchrun --nnodes 1:{agents} --rdzv-backend c10d --rdzv-endpoint "
-            f"{RDZV} ..."
-        )
+    _check_placeholder(
+        command, RDZV, "agents (--agents)", "starts a command as torchrun agents",
+        ("torchrun takes its rendezvous endpoint", "torchrun takes it"), "to put the rendezvous endpoint verify hosts in",
+        f"torchrun --nnodes 1:{agents} --rdzv-backend c10d --rdzv-endpoint {RDZV} ...",
+    )  # fmt: skip
     launch = CommandLaunch.checked(command, None, timeout)
     plan = KillPlan(kill_at, 1, kill_seed)
     return _in_work_dir(
