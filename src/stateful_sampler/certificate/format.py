@@ -40,7 +40,7 @@ PADDING_BIT = np.uint64(1 << 63)
 UNUSED = np.uint64((1 << 64) - 1)
 DIGEST_SIZE = 16
 ZERO_DIGEST = bytes(DIGEST_SIZE)
-_LAST_OF_EPOCH, _SEALS_BLOCK = 1, 2
+_LAST_OF_EPOCH, _SEALS_BLOCK = 1, 2  # flags (``seal`` writes a step's last_of_epoch as its 0 or 1)
 _NO_DIGEST = np.void(ZERO_DIGEST)  # a step that does not end its block
 
 
@@ -99,9 +99,11 @@ def _record_type(capacity: int) -> np.dtype:
 
 def step_records(steps: int, capacity: int) -> np.ndarray:
     """Room for a block of up to ``steps`` step records of ``capacity`` keys, laid out as the file holds them:
-    the writer fills a slice's ``keys`` (each row padded with ``UNUSED``), then ``seal`` fills the rest. Kept
-    from block to block, its pages are not faulted in again each time."""
-    return np.zeros(steps, dtype=_record_type(capacity))
+    the writer fills a slice's ``keys`` (each row padded with ``UNUSED``), then ``seal`` fills the rest (the tag
+    and the capacity are set here). Kept from block to block, its pages are not faulted in again each time."""
+    records = np.zeros(steps, dtype=_record_type(capacity))
+    records["tag"], records["capacity"] = STEP_TAG, capacity
+    return records
 
 
 def seal(records: np.ndarray, previous: bytes, unsealed: bytes, first_step: int, epoch: int, before: np.ndarray,
@@ -109,10 +111,9 @@ def seal(records: np.ndarray, previous: bytes, unsealed: bytes, first_step: int,
     """Fill a block's heads (consecutive steps from ``first_step``) and seal it: its last step carries the chain's
     link from ``previous`` over the ``unsealed`` records written before it and the block. Returns the block's
     bytes (a ``uint8`` view of ``records``) and the link."""
-    records["tag"], records["epoch"], records["capacity"] = STEP_TAG, epoch, records.dtype["keys"].shape[0]
     records["step"] = np.arange(first_step, first_step + len(records), dtype=np.uint64)
-    records["before"], records["after"], records["count"] = before, after, counts
-    records["flags"] = np.where(last_of_epoch, _LAST_OF_EPOCH, 0)
+    records["epoch"], records["before"], records["after"], records["count"] = epoch, before, after, counts
+    records["flags"] = last_of_epoch  # True is _LAST_OF_EPOCH
     records["flags"][-1] |= _SEALS_BLOCK
     records["digest"] = _NO_DIGEST
     data = records.view(np.uint8)

@@ -229,18 +229,19 @@ class CertificateWriter:
         epoch, _, world_size, origin, length, local_length = self._facts
         per_batch, capacity, steps = self._per_batch, self._capacity, counted - written
         self._cover(min(counted * per_batch, local_length))
-        starts = np.arange(written, counted, dtype=np.int64) * per_batch
-        stops = np.minimum(starts + per_batch, local_length)
-        before, after = origin + starts * world_size, origin + stops * world_size
-        for index in np.flatnonzero(starts >= local_length):  # past this rank's share: the layout's own rule
-            before[index] = self._position_after(int(starts[index]))
-        for index in np.flatnonzero(stops >= local_length):
-            after[index] = self._position_after(int(stops[index]))
+        stride = per_batch * world_size  # global positions a step moves the ranks on, until this rank's share ends
+        before = np.arange(origin + written * stride, origin + counted * stride, stride, dtype=np.int64)[:steps]
+        after = before + stride
+        whole = -(-local_length // per_batch) - 1 - written  # the first of these steps to reach the share's end
+        for index in range(max(whole, 0), steps):  # there the layout's own rule (typically one step, a pass's last)
+            start = (written + index) * per_batch
+            before[index] = self._position_after(start) if start >= local_length else before[index]
+            after[index] = self._position_after(min(start + per_batch, local_length))
         if per_batch > capacity:
             raise CertificateError(f"batches of {per_batch} records, over the certificate's capacity of {capacity} "
                                    f"(the order's batch size)")  # fmt: skip
-        first = min(int(starts[0]), local_length)
-        flat = self._keys(first, int(stops[-1]) if stops[-1] > first else first)
+        first = min(written * per_batch, local_length)
+        flat = self._keys(first, min(counted * per_batch, local_length))
         if self._room is None or self._room.dtype["keys"].shape[0] != capacity:
             self._room = step_records(WRITE_STEPS, capacity)
         records = self._room[:steps]
@@ -249,7 +250,8 @@ class CertificateWriter:
             counts: Any = capacity
             keys[...] = flat.reshape(steps, capacity)
         else:
-            counts = np.maximum(stops - starts, 0)
+            starts = np.arange(written, counted, dtype=np.int64) * per_batch
+            counts = np.clip(local_length - starts, 0, per_batch)
             places = np.arange(capacity)
             filled = places < counts[:, None]
             keys[...] = UNUSED
