@@ -35,13 +35,16 @@ def values(stream: ShardedStream) -> list[int]:
 def test_a_job_started_beside_a_live_one_takes_its_view_and_the_next_start_looks_again(tmp_path: Path) -> None:
     paths = write_shards(tmp_path)
     urls = [f"file://{path}" for path in paths]
-    live = ShardedStream(urls, ShardCache(ParquetReader(), tmp_path / "cache", max_bytes=1 << 20), **KWARGS)
+    caches = [ShardCache(ParquetReader(), tmp_path / "cache", max_bytes=1 << 20) for _ in range(2)]
+    live = ShardedStream(urls, caches[0], **KWARGS)
     assert values(live) == list(range(80))
     write_shards(tmp_path, offset=1000)  # the data set rewritten while the live job runs
-    beside = ShardedStream(urls, ShardCache(ParquetReader(), tmp_path / "cache", max_bytes=1 << 20), **KWARGS)
+    beside = ShardedStream(urls, caches[1], **KWARGS)
     assert beside.identities == live.identities  # the node's view of this start
     assert values(beside) == list(range(80))  # the copies of that view, whole
-    del live, beside
+    for cache in caches:
+        cache.wait()  # a prefetch still running holds its cache, and so the node's view, until it ends
+    del live, beside, caches, cache
     gc.collect()  # every job of the node has stopped: the next one is a start
     fresh = ShardedStream(urls, ShardCache(ParquetReader(), tmp_path / "cache", max_bytes=1 << 20), **KWARGS)
     assert values(fresh) == list(range(1000, 1080))
