@@ -76,3 +76,27 @@ def test_few_bins_take_the_slots_and_many_bins_in_a_small_capacity_the_table():
         assert bin_counts(lengths[:, :600], 4).tolist() == [300] * 32  # bound 400: the slots
         assert bin_counts(np.full((32, 600), 2**14 + 1), 2**15 + 2).tolist() == [300] * 32  # bound 600, past the table
     assert counted == ["table", "slots", "slots"]
+
+
+@settings(max_examples=scaled_examples(100), deadline=None)
+@given(degenerate_windows(), st.booleans(), st.integers(1, 7))
+def test_windows_counted_in_several_even_batches_count_the_reference_bins(windows, table, cells):
+    lengths, capacity = windows
+    expected = [len(reference_pack_window(row.tolist(), capacity, False)) for row in lengths]
+    # private: the cells a batch holds, so small that 32-40 windows make several batches, some of one window
+    with (
+        mock.patch.object(packing, "_SLOT_LIMIT", 0 if table else packing._SLOT_LIMIT),
+        mock.patch.object(packing, "_TABLE_CELLS", cells * capacity),
+        mock.patch.object(packing, "_SLOT_CELLS", cells),
+    ):
+        assert bin_counts(lengths, capacity).tolist() == expected
+
+
+def test_even_batches_split_windows_into_the_fewest_batches_of_at_most_the_most():
+    for count in range(1, 300):
+        for most in range(1, 40):
+            size = packing.even_batch(count, most)
+            batches = -(-count // size)
+            last = count - (batches - 1) * size
+            # as few batches as batches of ``most``, and the last short of the others by fewer than the batches
+            assert size <= most and batches == -(-count // most) and size - last < batches

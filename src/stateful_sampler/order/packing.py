@@ -73,7 +73,10 @@ _SLOT_LIMIT = 512
 _MIN_VECTOR_WINDOWS = 32  # below it a lock-step's NumPy calls cost more than packing each window
 _SLOT_CELLS = 1 << 20  # slots held at once (4 MiB of int32, twice: rooms and slack): windows per slot batch
 _TRANSPOSED_ROWS = 16  # rows a block of a blocked transpose: 16 cache lines a column, in L1
-_TABLE_CELLS = 1 << 25  # room counts held at once (64 MB of uint16): windows per table batch
+# room counts held at once (5 MiB of uint16: 1280 windows at capacity 2048): windows per table batch. CPU us a log-normal
+# window of 4096 at capacity 2048, by windows a batch: 272 at 1024, 258 at 1221, 386 at 1536, 385 at 2048 (more
+# windows' counts leave the caches), 494 at 394 (each step's NumPy calls cost more than their work)
+_TABLE_CELLS = 5 << 19
 _ONE = np.int64(1)
 _ALL = np.int64(-1)
 _EXPONENT = np.int64(52)
@@ -101,17 +104,28 @@ def bin_counts(windows: np.ndarray, capacity: int, *, padded: bool = False) -> n
     bounds = _bin_bounds(narrow, capacity)
     slots = int(bounds.max())
     if slots <= _SLOT_LIMIT or capacity > _MAX_TABLE_CAPACITY:
-        per_batch = max(1, _SLOT_CELLS // slots)
+        per_batch = even_batch(len(windows), max(1, _SLOT_CELLS // slots))
         return np.concatenate(
             [
                 _slot_counts(narrow[at : at + per_batch], capacity, int(bounds[at : at + per_batch].max()))
                 for at in range(0, len(windows), per_batch)
             ]
         )
-    per_batch = max(1, _TABLE_CELLS // capacity)
+    per_batch = even_batch(len(windows), max(1, _TABLE_CELLS // capacity))
     return np.concatenate(
         [_table_counts(narrow[at : at + per_batch], capacity) for at in range(0, len(windows), per_batch)]
     )
+
+
+def even_batch(count: int, most: int) -> int:
+    """The size of ``ceil(count / most)`` batches as equal as can be: a lock-step pays every one of its steps
+    for each batch, so a last batch of a few windows would cost about as much as a full one.
+
+    Example:
+        >>> even_batch(2442, 2048), even_batch(4096, 2048), even_batch(5, 8)
+        (1221, 2048, 5)
+    """
+    return -(-count // -(-count // most))
 
 
 def _bin_bounds(windows: np.ndarray, capacity: int) -> np.ndarray:
