@@ -100,3 +100,13 @@ def test_even_batches_split_windows_into_the_fewest_batches_of_at_most_the_most(
             last = count - (batches - 1) * size
             # as few batches as batches of ``most``, and the last short of the others by fewer than the batches
             assert size <= most and batches == -(-count // most) and size - last < batches
+
+
+@settings(max_examples=scaled_examples(200), deadline=None)
+@given(degenerate_windows())
+def test_padded_counts_are_the_reference_bins_of_degenerate_windows(windows):
+    lengths, capacity = windows
+    given_lengths = lengths.tolist()
+    expected = [len(reference_pack_window(row, capacity, True)) for row in given_lengths]
+    assert bin_counts(lengths, capacity, padded=True).tolist() == expected
+    assert lengths.tolist() == given_lengths  # the caller's windows are not sorted in place

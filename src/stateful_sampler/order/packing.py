@@ -100,7 +100,7 @@ def bin_counts(windows: np.ndarray, capacity: int, *, padded: bool = False) -> n
     # lengths are at most capacity: int32 when it fits (half the memory traffic of the lock-step's reads)
     narrow = windows.astype(np.int32 if capacity < (1 << 31) else np.int64, copy=False)
     if padded:
-        return _padded_counts(np.sort(narrow, axis=1)[:, ::-1], capacity)  # np.sort copies: the caller's is kept
+        return _padded_counts(np.sort(narrow, axis=1), capacity)  # np.sort copies: the caller's is kept
     bounds = _bin_bounds(narrow, capacity)
     slots = int(bounds.max())
     if slots <= _SLOT_LIMIT or capacity > _MAX_TABLE_CAPACITY:
@@ -135,19 +135,20 @@ def _bin_bounds(windows: np.ndarray, capacity: int) -> np.ndarray:
     return np.minimum((tokens - 1) // (capacity // 2 + 1) + 1, windows.shape[1])
 
 
-def _padded_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
+def _padded_counts(ascending: np.ndarray, capacity: int) -> np.ndarray:
     """Padded bins never share a record: the only open bin is the last one opened (every record asks for 1, so
-    the least room is any room), so a bin is the next ``capacity // first`` records of the window."""
-    count, width = longest_first.shape
-    flat = np.ascontiguousarray(longest_first).reshape(-1)
-    position = np.arange(count, dtype=np.int64) * width
-    end = position + width
+    the least room is any room), so a bin is the next ``capacity // first`` records of the window, longest first:
+    read from the end of each sorted row (no reversed copy)."""
+    count, width = ascending.shape
+    flat = np.ascontiguousarray(ascending).reshape(-1)  # np.sort's rows are contiguous already: no copy
+    start = np.arange(count, dtype=np.int64) * width
+    position = start + (width - 1)  # each row's longest record
     bins = np.zeros(count, dtype=np.int64)
     live = np.arange(count)
     while live.size:
-        position[live] += capacity // flat[position[live]]
+        position[live] -= capacity // flat[position[live]]
         bins[live] += 1
-        live = live[position[live] < end[live]]
+        live = live[position[live] >= start[live]]
     return bins
 
 
