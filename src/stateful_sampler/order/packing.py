@@ -201,7 +201,9 @@ def _runs(windows: np.ndarray, capacity: int, dtype: type) -> tuple[np.ndarray, 
     alone = windows > capacity // 2
     rest = np.zeros((count, width + 1), dtype=windows.dtype)  # column 0: every window's sentinel, sorted first
     rest[:, 1:] = windows
-    rest[:, 1:][alone] = 0  # the records alone as 0: in the sentinel's run
+    any_alone = bool(alone.any())  # none for a budget of twice the longest record: no mask to apply nor to read
+    if any_alone:
+        rest[:, 1:][alone] = 0  # the records alone as 0: in the sentinel's run
     rest.sort(axis=1)
     flat = rest.reshape(-1)
     begins = np.empty(len(flat), dtype=bool)
@@ -213,7 +215,7 @@ def _runs(windows: np.ndarray, capacity: int, dtype: type) -> tuple[np.ndarray, 
     first = np.searchsorted(starts, np.arange(count, dtype=np.int64) * (width + 1))
     last = np.append(first[1:], len(starts)) - 1
     counts[first] = 0
-    rows, columns = np.nonzero(alone)  # row-major: a window's records alone are a run
+    rows, columns = np.nonzero(alone) if any_alone else (np.zeros(0, dtype=np.intp),) * 2  # row-major: runs
     ranks = np.arange(len(rows)) - np.searchsorted(rows, rows)
     return sizes, counts, first, last, rows, ranks, windows[rows, columns]
 
