@@ -67,8 +67,9 @@ def bin_cost(lengths: np.ndarray, *, padded: bool = False) -> int:
 # capacity fit a table of room values better (``_table_counts``), whose cost does not grow with the bins.
 _MAX_LOCK_STEP_TOKENS = 1 << 60  # capacity x window width: a window's tokens and its slots' codes stay in int64
 _MAX_TABLE_CAPACITY = 1 << 15  # beyond it a window's room table outgrows the caches: the slots are faster
-# bounds up to which the slots beat the table: CPU ms a log-normal window of 4096, slots / table, 0.33 / 0.42 at
-# capacity 4096 (bound 506), 0.45 / 0.28 at 3072 (bound 674), 0.13 / 0.47 at 16384 (``cases_packing kernels``)
+# bounds up to which the slots beat the table: CPU ms a log-normal window of 4096, slots / table, 0.16 / 0.23 at
+# capacity 4096 (bound 506), 0.24 / 0.19 at 3072 (bound 674), 0.079 / 0.38 at 16384, 0.37 / 0.19 at 2048 (bound
+# 1010) (``cases_packing kernels``, by runs of equal lengths)
 _SLOT_LIMIT = 512
 _MIN_VECTOR_WINDOWS = 32  # below it a lock-step's NumPy calls cost more than packing each window
 _SLOT_CELLS = 1 << 20  # slots held at once (4 MiB of int32, twice: rooms and slack): windows per slot batch
