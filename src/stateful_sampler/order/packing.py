@@ -223,13 +223,20 @@ def _runs(windows: np.ndarray, capacity: int, dtype: type) -> tuple[np.ndarray, 
 
 class _Walk:
     """Each window's place in its runs (``_runs``): the length it places, as ``dtype`` (``need``, shifted left by
-    ``shift``), its divisor (the length, 1 at the sentinel) and the records of the run still to place (``left``)."""
+    ``shift``), its divisor (the length, 1 at the sentinel) and the records of the run still to place (``left``).
+    A run's three are one row of ``runs``, so a step gathers each window's next run at once."""
 
     def __init__(self, sizes: np.ndarray, counts: np.ndarray, first: np.ndarray, last: np.ndarray, shift: int) -> None:
-        self.needs = sizes << shift if shift else sizes
-        self.divisors = np.maximum(sizes, 1).astype(np.int64)
-        self.counts, self.first, self.at = counts, first, last.copy()
-        self.need, self.divisor, self.left = self.needs[self.at], self.divisors[self.at], counts[self.at]
+        self.dtype = sizes.dtype
+        self.runs = np.stack([sizes.astype(np.int64) << shift, np.maximum(sizes, 1), counts], axis=1)
+        self.first, self.at = first, last.copy()
+        self.left = np.zeros(len(first), dtype=np.int64)
+        self._read(np.ones(len(first), dtype=bool))
+
+    def _read(self, moved: np.ndarray) -> None:
+        need, self.divisor, count = np.take(self.runs, self.at, axis=0, mode="clip").T  # in range: not buffered
+        self.need = need.astype(self.dtype)
+        np.copyto(self.left, count, where=moved)
 
     def taken(self, room: np.ndarray) -> np.ndarray:
         """How many records of the run the visited bin takes, its room ``room`` (at least the length): ``room //
@@ -244,8 +251,7 @@ class _Walk:
         moved = self.left == 0
         self.at -= moved
         np.maximum(self.at, self.first, out=self.at)
-        self.need, self.divisor = self.needs[self.at], self.divisors[self.at]
-        np.copyto(self.left, self.counts[self.at], where=moved)
+        self._read(moved)
 
     def stop(self, lanes: np.ndarray) -> None:
         """Windows ``lanes`` place nothing more (the slots' fallback)."""
