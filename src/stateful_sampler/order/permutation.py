@@ -11,7 +11,7 @@ Speed: every step is an in-place NumPy ufunc over the block (two scratch arrays,
 the round function is two multiplies around one xorshift, and the modular addition is a subtract
 and a minimum instead of a masked write (see docs/performance.md). A block of a few positions (a resume locating
 one batch in each of many sources) goes through the same rounds in Python ints, 10-20x faster than NumPy's cost
-per call. A large block of a domain whose halves are small (m up to 2**16: up to 2**32 records) reads each round's
+per call. A large block of a domain whose halves are small (m up to 2**14: up to 2**28 records) reads each round's
 F from a table of its m or n values instead (``round_tables``), built once per permutation: a gather and the
 modular addition a round, 4 ufuncs instead of 10, bit for bit the same values.
 """
@@ -36,10 +36,12 @@ _MUL1, _MUL2 = int(_ROUND_MUL1), int(_ROUND_MUL2)
 # Positions times rounds up to which a block goes through the cipher in Python ints (``_walk``): below it, NumPy's
 # fixed cost per call (about 10 ufuncs a round) is more than the work (a resume locates a few positions per source).
 _SMALL_BLOCK = 96
-# Halves up to which a permutation keeps its rounds' F as tables (``round_tables``): rounds x (m + n) / 2 int64 values,
-# 0.8 MB at 2**16 (12 rounds: 1.6 MB), read by a gather that stays in the L2 cache. A table is built at the first block
-# of at least m positions, so its cost (about m positions' hashing per round) never exceeds that block's own.
-_TABLE_HALF = 1 << 16
+# Halves up to which a permutation keeps its rounds' F as tables (``round_tables``): 6 x m int64 values, 0.8 MB at
+# 2**14, read by a gather that stays in the L2 cache. CPU ns a position in blocks of 2**14, tables / hashed rounds:
+# 17.9 / 26.8 at m = 3163 (N = 10**7), 10.3 / 25.2 at 8192, 10.2 / 24.2 at 16384, 23.4 / 24.4 at 24000, 25.1 / 25.2
+# at 32768 (larger tables leave the cache: no gain). A table is built at the first block of at least m positions, so
+# its cost (about m positions' hashing per round) never exceeds that block's own.
+_TABLE_HALF = 1 << 14
 
 
 def rounds_for(size: int) -> int:
