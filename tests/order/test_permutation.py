@@ -148,3 +148,35 @@ def test_permute_many_is_each_permutation_bit_for_bit(cases: list[tuple[int, int
     values = np.array([min(int(size * fraction), size - 1) for size, _, _, fraction in cases], dtype=np.int64)
     expected = [int(FeistelPermutation(*case[:3])(np.array([value]))[0]) for case, value in zip(cases, values)]
     assert permute_many(sizes, seeds, passes, values).tolist() == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.one_of(
+        st.integers(1, 1100), st.integers(1, 2**28), st.integers(1, 2**32), st.sampled_from([2**28, 2**28 + 1, 10**7])
+    ),
+    seed=st.integers(0, 2**63 - 1),
+    pass_index=st.integers(0, 2**40),
+    data=st.data(),
+)
+def test_a_block_through_the_round_tables_is_the_hashed_rounds_bit_for_bit(
+    size: int, seed: int, pass_index: int, data: st.DataObject
+) -> None:
+    """A block of at least m positions of a domain with m up to 2**14 reads each round's F from a table; a second
+    block of any size then reads it too. Both are what the hashed rounds give (tables off: a private limit of 0)."""
+    from unittest import mock
+
+    from stateful_sampler.order import permutation as module
+
+    tabled = FeistelPermutation(size, seed, pass_index)
+    width = min(size, tabled._m + data.draw(st.integers(0, 300)))  # private: m, the block that builds the tables
+    start = data.draw(st.integers(0, size - width))
+    block = np.concatenate((np.arange(start, start + width), np.arange(max(0, size - 300), size)))  # walks near the top
+    later = np.array(data.draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=200)), dtype=np.int64)
+    first, second = tabled(block), tabled(later)
+    with mock.patch.object(module, "_TABLE_HALF", 0):  # private: the table limit
+        hashed = FeistelPermutation(size, seed, pass_index)
+        assert first.tolist() == hashed(block).tolist()
+        assert second.tolist() == hashed(later).tolist()
+    numpy_rounds = len(block) * module.rounds_for(size) > module._SMALL_BLOCK  # private: fewer go in Python ints
+    assert (tabled._tables is not None) == (tabled._m <= module._TABLE_HALF and numpy_rounds)

@@ -76,3 +76,63 @@ def test_few_bins_take_the_slots_and_many_bins_in_a_small_capacity_the_table():
         assert bin_counts(lengths[:, :600], 4).tolist() == [300] * 32  # bound 400: the slots
         assert bin_counts(np.full((32, 600), 2**14 + 1), 2**15 + 2).tolist() == [300] * 32  # bound 600, past the table
     assert counted == ["table", "slots", "slots"]
+
+
+@settings(max_examples=scaled_examples(100), deadline=None)
+@given(degenerate_windows(), st.booleans(), st.integers(1, 7))
+def test_windows_counted_in_several_even_batches_count_the_reference_bins(windows, table, cells):
+    lengths, capacity = windows
+    expected = [len(reference_pack_window(row.tolist(), capacity, False)) for row in lengths]
+    # private: the cells a batch holds, so small that 32-40 windows make several batches, some of one window
+    with (
+        mock.patch.object(packing, "_SLOT_LIMIT", 0 if table else packing._SLOT_LIMIT),
+        mock.patch.object(packing, "_TABLE_CELLS", cells * capacity),
+        mock.patch.object(packing, "_SLOT_CELLS", cells),
+    ):
+        assert bin_counts(lengths, capacity).tolist() == expected
+
+
+def test_even_batches_split_windows_into_the_fewest_batches_of_at_most_the_most():
+    for count in range(1, 300):
+        for most in range(1, 40):
+            size = packing.even_batch(count, most)
+            batches = -(-count // size)
+            last = count - (batches - 1) * size
+            # as few batches as batches of ``most``, and the last short of the others by fewer than the batches
+            assert size <= most and batches == -(-count // most) and size - last < batches
+
+
+@settings(max_examples=scaled_examples(200), deadline=None)
+@given(degenerate_windows())
+def test_padded_counts_are_the_reference_bins_of_degenerate_windows(windows):
+    lengths, capacity = windows
+    given_lengths = lengths.tolist()
+    expected = [len(reference_pack_window(row, capacity, True)) for row in given_lengths]
+    assert bin_counts(lengths, capacity, padded=True).tolist() == expected
+    assert lengths.tolist() == given_lengths  # the caller's windows are not sorted in place
+
+
+@st.composite
+def windows_of_few_lengths(draw: st.DrawFn) -> tuple[np.ndarray, int]:
+    """Windows of a few distinct lengths (long runs of equal records), some windows far longer in runs than others:
+    a step is one visit a window, so windows finish at different steps and a bin takes many records of a run."""
+    capacity = draw(st.sampled_from([1, 2, 5, 12, 64, 100, 2048, 2**15 + 1, 2**33]))
+    rows, width = draw(st.sampled_from([32, 35])), draw(st.integers(1, 90))
+    values = draw(st.lists(st.integers(1, capacity), min_size=1, max_size=4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    lengths = rng.choice(np.array(values, dtype=np.int64), (rows, width))
+    lengths[: rows // 2, width // 2 :] = min(values)  # half the windows end in one long run
+    return lengths, capacity
+
+
+@settings(max_examples=scaled_examples(200), deadline=None)
+@given(windows_of_few_lengths(), st.booleans(), st.sampled_from([1, 3, 16]))
+def test_runs_of_equal_lengths_count_the_reference_bins(windows, table, every):
+    lengths, capacity = windows
+    expected = [len(reference_pack_window(row.tolist(), capacity, False)) for row in lengths]
+    # private: the kernel choice, and how often the lock-step looks for windows that placed every record
+    with (
+        mock.patch.object(packing, "_SLOT_LIMIT", 0 if table else packing._SLOT_LIMIT),
+        mock.patch.object(packing, "_DONE_EVERY", every),
+    ):
+        assert bin_counts(lengths, capacity).tolist() == expected

@@ -60,20 +60,24 @@ def bin_cost(lengths: np.ndarray, *, padded: bool = False) -> int:
     return int(lengths.max()) * len(lengths) if padded else int(lengths.sum())
 
 
-# bin_counts: the same bins counted for many windows at once, in NumPy lock-step (one record of every window per
-# step), by one of two kernels. Any fit (best fit is one) leaves at most one bin at most half full: a later bin's
+# bin_counts: the same bins counted for many windows at once, in NumPy lock-step (one visit to a bin of every window per
+# step: a run of equal records put into the best-fit bin as many as it takes, ``_runs``), by one of two kernels. Any fit (best fit is one) leaves at most one bin at most half full: a later bin's
 # first record would have fitted in it. So a window of token sum S opens at most 1 + (S - 1) // (capacity // 2 + 1)
 # bins, its bound, and few bins fit a small row of rooms, one slot a bin (``_slot_counts``); many bins in a small
 # capacity fit a table of room values better (``_table_counts``), whose cost does not grow with the bins.
 _MAX_LOCK_STEP_TOKENS = 1 << 60  # capacity x window width: a window's tokens and its slots' codes stay in int64
 _MAX_TABLE_CAPACITY = 1 << 15  # beyond it a window's room table outgrows the caches: the slots are faster
-# bounds up to which the slots beat the table: CPU ms a log-normal window of 4096, slots / table, 0.33 / 0.42 at
-# capacity 4096 (bound 506), 0.45 / 0.28 at 3072 (bound 674), 0.13 / 0.47 at 16384 (``cases_packing kernels``)
+# bounds up to which the slots beat the table: CPU ms a log-normal window of 4096, slots / table, 0.16 / 0.23 at
+# capacity 4096 (bound 506), 0.24 / 0.19 at 3072 (bound 674), 0.079 / 0.38 at 16384, 0.37 / 0.19 at 2048 (bound
+# 1010) (``cases_packing kernels``, by runs of equal lengths)
 _SLOT_LIMIT = 512
 _MIN_VECTOR_WINDOWS = 32  # below it a lock-step's NumPy calls cost more than packing each window
 _SLOT_CELLS = 1 << 20  # slots held at once (4 MiB of int32, twice: rooms and slack): windows per slot batch
-_TRANSPOSED_ROWS = 16  # rows a block of a blocked transpose: 16 cache lines a column, in L1
-_TABLE_CELLS = 1 << 25  # room counts held at once (64 MB of uint16): windows per table batch
+_DONE_EVERY = 16  # lock-steps between two looks at whether every window has placed its records
+# room counts held at once (5 MiB of uint16: 1280 windows at capacity 2048): windows per table batch. CPU us a log-normal
+# window of 4096 at capacity 2048, by windows a batch: 272 at 1024, 258 at 1221, 386 at 1536, 385 at 2048 (more
+# windows' counts leave the caches), 494 at 394 (each step's NumPy calls cost more than their work)
+_TABLE_CELLS = 5 << 19
 _ONE = np.int64(1)
 _ALL = np.int64(-1)
 _EXPONENT = np.int64(52)
@@ -97,21 +101,32 @@ def bin_counts(windows: np.ndarray, capacity: int, *, padded: bool = False) -> n
     # lengths are at most capacity: int32 when it fits (half the memory traffic of the lock-step's reads)
     narrow = windows.astype(np.int32 if capacity < (1 << 31) else np.int64, copy=False)
     if padded:
-        return _padded_counts(np.sort(narrow, axis=1)[:, ::-1], capacity)  # np.sort copies: the caller's is kept
+        return _padded_counts(np.sort(narrow, axis=1), capacity)  # np.sort copies: the caller's is kept
     bounds = _bin_bounds(narrow, capacity)
     slots = int(bounds.max())
     if slots <= _SLOT_LIMIT or capacity > _MAX_TABLE_CAPACITY:
-        per_batch = max(1, _SLOT_CELLS // slots)
+        per_batch = even_batch(len(windows), max(1, _SLOT_CELLS // slots))
         return np.concatenate(
             [
                 _slot_counts(narrow[at : at + per_batch], capacity, int(bounds[at : at + per_batch].max()))
                 for at in range(0, len(windows), per_batch)
             ]
         )
-    per_batch = max(1, _TABLE_CELLS // capacity)
+    per_batch = even_batch(len(windows), max(1, _TABLE_CELLS // capacity))
     return np.concatenate(
         [_table_counts(narrow[at : at + per_batch], capacity) for at in range(0, len(windows), per_batch)]
     )
+
+
+def even_batch(count: int, most: int) -> int:
+    """The size of ``ceil(count / most)`` batches as equal as can be: a lock-step pays every one of its steps
+    for each batch, so a last batch of a few windows would cost about as much as a full one.
+
+    Example:
+        >>> even_batch(2442, 2048), even_batch(4096, 2048), even_batch(5, 8)
+        (1221, 2048, 5)
+    """
+    return -(-count // -(-count // most))
 
 
 def _bin_bounds(windows: np.ndarray, capacity: int) -> np.ndarray:
@@ -121,19 +136,20 @@ def _bin_bounds(windows: np.ndarray, capacity: int) -> np.ndarray:
     return np.minimum((tokens - 1) // (capacity // 2 + 1) + 1, windows.shape[1])
 
 
-def _padded_counts(longest_first: np.ndarray, capacity: int) -> np.ndarray:
+def _padded_counts(ascending: np.ndarray, capacity: int) -> np.ndarray:
     """Padded bins never share a record: the only open bin is the last one opened (every record asks for 1, so
-    the least room is any room), so a bin is the next ``capacity // first`` records of the window."""
-    count, width = longest_first.shape
-    flat = np.ascontiguousarray(longest_first).reshape(-1)
-    position = np.arange(count, dtype=np.int64) * width
-    end = position + width
+    the least room is any room), so a bin is the next ``capacity // first`` records of the window, longest first:
+    read from the end of each sorted row (no reversed copy)."""
+    count, width = ascending.shape
+    flat = np.ascontiguousarray(ascending).reshape(-1)  # np.sort's rows are contiguous already: no copy
+    start = np.arange(count, dtype=np.int64) * width
+    position = start + (width - 1)  # each row's longest record
     bins = np.zeros(count, dtype=np.int64)
     live = np.arange(count)
     while live.size:
-        position[live] += capacity // flat[position[live]]
+        position[live] -= capacity // flat[position[live]]
         bins[live] += 1
-        live = live[position[live] < end[live]]
+        live = live[position[live] >= start[live]]
     return bins
 
 
@@ -169,39 +185,82 @@ def _reach(words: int) -> int:
     return (1 << (words - 1).bit_length()) - 1
 
 
-def _longest_first(windows: np.ndarray, capacity: int, dtype: type) -> tuple[np.ndarray, ...]:
-    """What both kernels step through, for the unpadded bins of the rows of ``windows`` (lengths in any order).
+def _runs(windows: np.ndarray, capacity: int, dtype: type) -> tuple[np.ndarray, ...]:
+    """What both kernels step through, for the unpadded bins of the rows of ``windows`` (lengths in any order): each
+    window's records as runs of equal lengths, longest first, and its records alone.
 
-    A record longer than ``capacity // 2`` finds every open bin's room below it (the bin's first record is at
-    least as long), so those records open one bin each and only put their rooms in; the rest, longest first, take
-    one step each. Their lengths are laid out step by step (``needs`` row t: every window's t-th such record, as
-    ``dtype``), so a step reads a slice, and windows are ordered by how many such records they have (``order``:
-    lane i is window order[i]), so the windows still packing at step t are the first ``live_at[t]`` lanes. The
-    records alone are ``alone_lengths``, in lane ``alone_lanes``, the ``alone_ranks``-th of their lane."""
-    width = windows.shape[1]
+    A record longer than ``capacity // 2`` finds every open bin's room below it (the bin's first record is at least
+    as long), so those records open one bin each and only put their rooms in (``alone_lengths``, in window
+    ``alone_lanes``, the ``alone_ranks``-th of it). The rest go by runs: best fit puts the first record of a run of
+    length s into the least room r >= s, and r - s, while at least s, is then the least room that fits, so that bin
+    takes ``r // s`` of the run (or the run's rest) and the next least room the next ones. A kernel's step is one
+    such visit a window: about 3x fewer steps than records for log-normal windows. Window i's runs are
+    ``sizes[first[i] + 1 : last[i] + 1]`` with ``counts`` (ascending, so a window walks them from ``last`` down);
+    ``first[i]`` is its sentinel, length 0 and count 0, where a window that placed every record stays, changing
+    nothing."""
+    count, width = windows.shape
     alone = windows > capacity // 2
-    singles = alone.sum(axis=1)
-    order = np.argsort(singles, kind="stable")
-    left = width - singles[order]
-    steps = int(left[0])
-    rest = windows[order]
-    rest[alone[order]] = 0  # the records alone as 0: sorted last, never read
+    rest = np.zeros((count, width + 1), dtype=windows.dtype)  # column 0: every window's sentinel, sorted first
+    rest[:, 1:] = windows
+    any_alone = bool(alone.any())  # none for a budget of twice the longest record: no mask to apply nor to read
+    if any_alone:
+        rest[:, 1:][alone] = 0  # the records alone as 0: in the sentinel's run
     rest.sort(axis=1)
-    needs = _transposed(rest[:, ::-1][:, :steps], dtype)
-    live_at = np.searchsorted(-left, -np.arange(steps), side="left")  # lanes with more than t records to place
-    rows, columns = np.nonzero(alone)  # row-major: a window's records alone are a run
-    lane_of_window = np.argsort(order)
+    flat = rest.reshape(-1)
+    begins = np.empty(len(flat), dtype=bool)
+    np.not_equal(flat[1:], flat[:-1], out=begins[1:])
+    begins[:: width + 1] = True  # every window's first run, its sentinel
+    starts = np.flatnonzero(begins)
+    sizes: np.ndarray = flat[starts].astype(dtype)
+    counts = np.diff(starts, append=len(flat))
+    first = np.searchsorted(starts, np.arange(count, dtype=np.int64) * (width + 1))
+    last = np.append(first[1:], len(starts)) - 1
+    counts[first] = 0
+    rows, columns = np.nonzero(alone) if any_alone else (np.zeros(0, dtype=np.intp),) * 2  # row-major: runs
     ranks = np.arange(len(rows)) - np.searchsorted(rows, rows)
-    return order, live_at, needs, lane_of_window[rows], ranks, windows[rows, columns]
+    return sizes, counts, first, last, rows, ranks, windows[rows, columns]
 
 
-def _transposed(rows: np.ndarray, dtype: type) -> np.ndarray:
-    """``rows.T`` as a C-contiguous array of ``dtype``, copied a block of rows at a time: a copy of the whole
-    transposed view reads down a column, a cache miss an element (4x slower, measured at 2048 x 4096 int32)."""
-    out: np.ndarray = np.empty(rows.shape[::-1], dtype=dtype)
-    for at in range(0, len(rows), _TRANSPOSED_ROWS):
-        out[:, at : at + _TRANSPOSED_ROWS] = rows[at : at + _TRANSPOSED_ROWS].T
-    return out
+class _Walk:
+    """Each window's place in its runs (``_runs``): the length it places, as ``dtype`` (``need``, shifted left by
+    ``shift``), its divisor (the length, 1 at the sentinel) and the records of the run still to place (``left``).
+    A run's three are one row of ``runs``, so a step gathers each window's next run at once."""
+
+    def __init__(self, sizes: np.ndarray, counts: np.ndarray, first: np.ndarray, last: np.ndarray, shift: int) -> None:
+        self.dtype = sizes.dtype
+        self.runs = np.stack([sizes.astype(np.int64) << shift, np.maximum(sizes, 1), counts], axis=1)
+        self.first, self.at = first, last.copy()
+        self.left = np.zeros(len(first), dtype=np.int64)
+        self._read(np.ones(len(first), dtype=bool))
+
+    def _read(self, moved: np.ndarray) -> None:
+        need, self.divisor, count = np.take(self.runs, self.at, axis=0, mode="clip").T  # in range: not buffered
+        self.need = need.astype(self.dtype)
+        np.copyto(self.left, count, where=moved)
+
+    def taken(self, room: np.ndarray) -> np.ndarray:
+        """How many records of the run the visited bin takes, its room ``room`` (at least the length): ``room //
+        length``, at most the run's rest (0 at the sentinel)."""
+        taken = room // self.divisor
+        np.minimum(taken, self.left, out=taken)
+        self.left -= taken
+        return taken
+
+    def advance(self) -> None:
+        """Windows whose run is placed go on to their next run (the sentinel stays)."""
+        moved = self.left == 0
+        self.at -= moved
+        np.maximum(self.at, self.first, out=self.at)
+        self._read(moved)
+
+    def stop(self, lanes: np.ndarray) -> None:
+        """Windows ``lanes`` place nothing more (the slots' fallback)."""
+        self.at[lanes] = self.first[lanes]
+        self.left[lanes] = 0
+
+    def done(self, step: int) -> bool:
+        """Whether every window has placed every record, looked at every ``_DONE_EVERY`` steps."""
+        return step % _DONE_EVERY == 0 and not np.any(self.at != self.first)
 
 
 def _slot_counts(windows: np.ndarray, capacity: int, slots: int) -> np.ndarray:
@@ -209,17 +268,18 @@ def _slot_counts(windows: np.ndarray, capacity: int, slots: int) -> np.ndarray:
     (at least its bin bound, ``_bin_bounds``): a window's rooms are a column, so a step reads the first rows.
 
     A slot is its room and its index in one integer, ``room << shift | slot``, a slot not opened yet having room
-    ``capacity``. A step subtracts the record from every slot, so a room that fits leaves room - need >= 0 and one
-    that does not a negative number, huge as unsigned: the unsigned minimum is the best fit's slot (the least room
-    that fits, an open bin before a new one; ties between equal rooms leave the same rooms, so the same count).
+    ``capacity``. A step is one visit a window (``_runs``): it subtracts the run's length from every slot, so a room
+    that fits leaves room - length >= 0 and one that does not a negative number, huge as unsigned: the unsigned
+    minimum is the best fit's slot (the least room that fits, an open bin before a new one; ties between equal rooms
+    leave the same rooms, so the same count), which takes ``room // length`` of the run.
     Slots open in order (a new bin is the lowest slot not opened), so a step reads only the slots opened so far
     and one more. A record that finds no slot at all (the bound too low) makes its window packed alone, never a
     wrong count."""
     shift = max(1, (slots - 1).bit_length())
     full = capacity << shift  # a fitting slack is below it, a negative one (as unsigned) above it
     dtype, unsigned = (np.int32, np.uint32) if (capacity + 1) << shift < (1 << 31) else (np.int64, np.uint64)
-    order, live_at, needs, alone_lanes, alone_ranks, alone_lengths = _longest_first(windows, capacity, dtype)
-    needs <<= shift
+    sizes, counts, first, last, alone_lanes, alone_ranks, alone_lengths = _runs(windows, capacity, dtype)
+    walk = _Walk(sizes, counts, first, last, shift)
     count = len(windows)
     rooms = np.full((slots, count), full, dtype=dtype)
     rooms += np.arange(slots, dtype=dtype)[:, None]
@@ -228,27 +288,33 @@ def _slot_counts(windows: np.ndarray, capacity: int, slots: int) -> np.ndarray:
     lanes = np.arange(count, dtype=np.intp)
     slack = np.empty(slots * count, dtype=dtype)
     best = np.empty(count, dtype=unsigned)
-    slots_at = np.empty(count, dtype=np.intp)
+    at = np.empty(count, dtype=np.intp)
     lost = np.zeros(count, dtype=bool)
     opened = int(np.bincount(alone_lanes, minlength=1).max())
     mask = (1 << shift) - 1
-    for step, live in enumerate(live_at.tolist()):
-        need = needs[step, :live]
+    step = 0
+    while not walk.done(step):
+        step += 1
         read = min(opened + 1, slots)
-        fits = slack[: read * live].reshape(read, live)
-        np.subtract(rooms[:read, :live], need, out=fits)
-        np.minimum.reduce(fits.view(unsigned), axis=0, out=best[:live])
-        if read == slots:  # every slot may be open: a record may find none
-            lost[:live] |= best[:live] >= full
-        at = np.bitwise_and(best[:live], mask, out=slots_at[:live])
+        fits = slack[: read * count].reshape(read, count)
+        np.subtract(rooms[:read], walk.need, out=fits)
+        np.minimum.reduce(fits.view(unsigned), axis=0, out=best)
+        np.bitwise_and(best, mask, out=at)
         opened = max(opened, int(at.max()) + 1)
+        if read == slots:  # every slot may be open: a record may find none
+            stuck = best >= full
+            if stuck.any():
+                lost |= stuck
+                walk.stop(np.flatnonzero(stuck))  # the bin it visits takes none
+        # (room - length) << shift | slot, shifted right: room - length, and room // length = that // length + 1
+        taken = walk.taken(np.right_shift(best, shift).astype(np.int64) + walk.divisor)
         at *= count
-        at += lanes[:live]
-        flat[at] -= need
-    bins = np.empty(count, dtype=np.int64)
-    bins[order] = (rooms < full).sum(axis=0)  # an open slot's room is below capacity
+        at += lanes
+        flat[at] -= (taken * walk.need).astype(dtype, copy=False)
+        walk.advance()
+    bins = (rooms < full).sum(axis=0).astype(np.int64)  # an open slot's room is below capacity
     for lane in np.flatnonzero(lost).tolist():
-        bins[order[lane]] = len(pack_window(windows[order[lane]], capacity))
+        bins[lane] = len(pack_window(windows[lane], capacity))
     return bins
 
 
@@ -259,11 +325,12 @@ def _table_counts(windows: np.ndarray, capacity: int) -> np.ndarray:
     64x (bit v of a level: value v of the level below is present), so "the smallest room >= need" is a few word
     operations per window, whatever the number of open bins. Room ``capacity`` is a new bin: always present (its
     count never reaches 0), so every query finds a room and every step is the same operations; room 0, a full bin,
-    is never asked for. The words are int64 (bit 63 the sign bit): shifts and masks stay in one dtype. A window's
+    is asked for only by a window that placed every record (its sentinel asks for 0, takes none and puts the same
+    room back). A step is one visit a window (``_runs``): the room found takes ``room // length`` of the run. The words are int64 (bit 63 the sign bit): shifts and masks stay in one dtype. A window's
     bins are its rooms at the end (a full bin's room is 0), the always-present room ``capacity`` aside."""
     count, width = windows.shape
-    order, live_at, needs, rows, _, alone_lengths = _longest_first(windows, capacity, np.int64)
-    steps = len(live_at)
+    sizes, counts, first, last, rows, _, alone_lengths = _runs(windows, capacity, np.int64)
+    walk = _Walk(sizes, counts, first, last, 0)
     values = capacity + 1
     new_bin = width + 1  # the count of room ``capacity``: more than the bins a row can open
     table = np.zeros((count, values), dtype=np.uint16 if new_bin < (1 << 16) else np.int64)  # rooms of a value
@@ -283,16 +350,16 @@ def _table_counts(windows: np.ndarray, capacity: int) -> np.ndarray:
     bases = [np.arange(count, dtype=np.int64) * level_width for level_width in widths]
     room_base = np.arange(count, dtype=np.int64) * values
     top, top_words = len(widths) - 1, levels[-1]
-    for step in range(steps):
-        live = int(live_at[step])
-        need = needs[step, :live]
-        tops = top_words[:live]  # one word a row: a slice, no gather
+    step = 0
+    while not walk.done(step):
+        step += 1
+        need, tops = walk.need, top_words[:count]  # one word a row: a slice, no gather
         # up: at each level the word holding p_d, its bits from p_d on
         position = need
         quotients, masked = [], []
         for depth in range(top):
             quotient = position >> 6
-            word = levels[depth][bases[depth][:live] + quotient]
+            word = levels[depth][bases[depth] + quotient]
             word &= _ALL << (position & 63)
             quotients.append(quotient)
             masked.append(word)
@@ -305,13 +372,14 @@ def _table_counts(windows: np.ndarray, capacity: int) -> np.ndarray:
         for depth in range(top - 1, -1, -1):
             hit = masked[depth] != 0
             quotient = np.where(hit, quotients[depth], index & reaches[depth])
-            cell = bases[depth][:live] + quotient
+            cell = bases[depth] + quotient
             word = levels[depth][cell]
             bit = _ctz(np.where(hit, masked[depth], word))
             index = (quotient << 6) + bit
         room = index
+        taken = walk.taken(room)
         # one room ``room`` out: a bit goes when its count does, a word's bit above when the word empties
-        at = room_base[:live] + room
+        at = room_base + room
         kept = rooms[at] - 1
         rooms[at] = kept
         cleared = kept == 0
@@ -321,20 +389,19 @@ def _table_counts(windows: np.ndarray, capacity: int) -> np.ndarray:
             value = room >> 6
             for depth in range(1, top):
                 cleared &= word == 0
-                at = bases[depth][:live] + (value >> 6)
+                at = bases[depth] + (value >> 6)
                 word = levels[depth][at]
                 word ^= np.left_shift(cleared, value & 63, dtype=np.int64)
                 levels[depth][at] = word
                 value >>= 6
             cleared &= word == 0
             tops ^= np.left_shift(cleared, value, dtype=np.int64)
-        # room - need in
-        value = room - need
-        rooms[room_base[:live] + value] += 1
+        # room - taken x length in
+        value = room - taken * need
+        rooms[room_base + value] += 1
         for depth in range(top):
-            levels[depth][bases[depth][:live] + (value >> 6)] |= _ONE << (value & 63)
+            levels[depth][bases[depth] + (value >> 6)] |= _ONE << (value & 63)
             value >>= 6
         tops |= _ONE << value
-    bins = np.empty(count, dtype=np.int64)
-    bins[order] = table[:, :capacity].sum(axis=1, dtype=np.int64)
-    return bins
+        walk.advance()
+    return table[:, :capacity].sum(axis=1, dtype=np.int64)  # type: ignore[no-any-return]

@@ -33,7 +33,7 @@ import numpy as np
 
 from stateful_sampler.errors import IncompatibleStateError
 from stateful_sampler.order.lengths import MAX_TOKENS, legacy_lengths_digest, lengths_digest
-from stateful_sampler.order.packing import bin_counts, pack_window
+from stateful_sampler.order.packing import bin_counts, even_batch, pack_window
 from stateful_sampler.order.strategy import PassOrder, SavedOrder, Strategy, Uniform, check_length
 from stateful_sampler.order.windows import PassWindows, WindowCache, WindowStarts
 
@@ -338,7 +338,7 @@ class PassRows:
         order, windows = self._order, self._windows
         counts = np.empty(windows.count, dtype=np.int64)
         full = windows.size // windows.window  # windows of ``window`` records; the last may be shorter
-        per_batch = max(1, _COUNTED_AT_ONCE // windows.window)
+        per_batch = even_batch(windows.count, max(1, _COUNTED_AT_ONCE // windows.window))
         for first in range(0, windows.count, per_batch):
             last = min(first + per_batch, windows.count)
             lengths = windows.lengths_between(order.lengths, first, last)

@@ -64,7 +64,8 @@ class PassWindows:
         out = np.empty(stop - start, dtype=lengths.dtype)
         for at in range(start, stop, _SHUFFLE_BLOCK):
             end = min(at + _SHUFFLE_BLOCK, stop)
-            out[at - start : end - start] = lengths[self._shuffle(np.arange(at, end, dtype=np.int64))]
+            records = self._shuffle(np.arange(at, end, dtype=np.int64))
+            np.take(lengths, records, out=out[at - start : end - start], mode="clip")  # in range: "raise" buffers
         return out
 
     def rng(self, index: int) -> np.random.Generator:
