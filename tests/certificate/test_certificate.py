@@ -77,7 +77,7 @@ def test_a_run_certifies_its_batches_and_grows_a_fixed_size_a_step(tmp_path: Pat
         started = read_rank_file(rank_path(prefix, 0)).valid_length  # read while the run writes: the start record
         rest = [next(batches).tolist() for _ in range(writer.WRITE_STEPS - 1)]
         grown = read_rank_file(rank_path(prefix, 0)).valid_length - started  # the block of the first steps
-        assert grown == writer.WRITE_STEPS * step_size(BATCH) and step_size(BATCH) == 1 + 60 + 8 * BATCH
+        assert grown == writer.WRITE_STEPS * step_size(BATCH, 4) and step_size(BATCH, 4) == 1 + 60 + 4 * BATCH
         rest += [next(batches).tolist() for _ in range(3)]
         assert read_rank_file(rank_path(prefix, 0)).valid_length - started == grown  # counted, not written yet
         loader.state_dict()  # a checkpoint: every step trained before it is written, then its record
@@ -217,18 +217,40 @@ def _first_step_offset(data: bytes) -> int:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(step=st.integers(0, 11), place=st.integers(0, step_size(BATCH) - 17))
+@given(step=st.integers(0, 11), place=st.integers(0, step_size(BATCH, 4) - 17))
 def test_a_byte_changed_in_any_step_of_a_block_breaks_its_chain(tmp_path: Path, step: int, place: int) -> None:
     """A block's link covers each of its steps, not only the last one, which carries it."""
     prefix = tmp_path / f"run{step}_{place}"
     run_process(prefix, 1)  # one block an epoch: 12 steps of 2 records
     path = rank_path(prefix, 0)
     data = bytearray(path.read_bytes())
-    offset = _first_step_offset(bytes(data)) + step * step_size(BATCH) + 1 + place  # after the tag
+    offset = _first_step_offset(bytes(data)) + step * step_size(BATCH, 4) + 1 + place  # after the tag
     data[offset] ^= 0x40
     path.write_bytes(bytes(data))
     with pytest.raises(CertificateError, match=r"does not chain|corrupt|keys in"):
         read_run(prefix)
+
+
+@pytest.mark.parametrize("size", [(1 << 31) - 1, 1 << 31])
+def test_keys_take_four_bytes_below_two_to_the_31_records_and_eight_from_there(tmp_path: Path, size: int) -> None:
+    """The width is the segment's (its start record says it), and the records read back are the same either way."""
+    prefix = tmp_path / "run"
+    loader = ResumableLoader(DataLoader(range(size), sampler=StatefulSampler(size, seed=SEED), batch_size=BATCH),
+                             rng_states=False)  # fmt: skip
+    remove = hooked(CertificateWriter(prefix, loader.sampler))
+    try:
+        batches = iter(loader)
+        trained = [next(batches).tolist() for _ in range(5)]
+        loader.state_dict()  # a checkpoint: the steps are written
+    finally:
+        remove()
+    file = read_rank_file(rank_path(prefix, 0))
+    key_bytes = 4 if size < 1 << 31 else 8
+    assert file.segments[0].start["key_bytes"] == key_bytes
+    assert [step.records() for step in file.segments[0].steps] == trained
+    assert max(max(batch) for batch in trained) >= 1 << 20  # large keys, not only small ones
+    steps = rank_path(prefix, 0).stat().st_size - _first_step_offset(rank_path(prefix, 0).read_bytes())
+    assert steps - len(file.unsealed) == 5 * step_size(BATCH, key_bytes)  # then the checkpoint record
 
 
 def test_a_start_record_changed_breaks_the_chain(tmp_path: Path) -> None:
@@ -253,7 +275,7 @@ def test_an_unsealed_block_at_the_end_is_left_out_and_cut_off(tmp_path: Path) ->
     data = path.read_bytes()
     first = _first_step_offset(data)
     with path.open("ab") as file:
-        file.write(data[first : first + 2 * step_size(BATCH)])  # two whole steps; neither seals a block
+        file.write(data[first : first + 2 * step_size(BATCH, 4)])  # two whole steps; neither seals a block
     assert [step.records() for step in read_run(prefix).steps] == trained
     assert read_rank_file(path).valid_length == len(data)
     run_process(prefix, 1, state=state)

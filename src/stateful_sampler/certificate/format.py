@@ -4,8 +4,9 @@ After an 8-byte magic, a file is a run of records:
 
 - a step (tag ``T``), a fixed number of bytes for a fixed batch size: the step, its epoch, the order's global
   position before and after it, this rank's key count and capacity, flags (the epoch's last step; the last
-  step of a block), the keys (dataset records as ``uint64``; a padding repeat has bit 63 set) padded to the
-  capacity with ``UNUSED``, and a digest;
+  step of a block), the keys (dataset records as ``uint32`` where the dataset has fewer than 2**31 records,
+  else ``uint64``, as the start record says; a padding repeat has the top bit set) padded to the capacity
+  with all ones, and a digest;
 - a meta record (tag ``M``, a length and JSON): a process's start (``kind: "start"``: rank, world size, the
   order's identity fields and seed, the step it starts at, and what it resumed from, if anything), or a
   checkpoint taken (``kind: "checkpoint"``: the next step, the epoch and position saved).
@@ -38,6 +39,7 @@ _HEAD = struct.Struct("<cQQQQIII")  # the tag, step, epoch, before, after, count
 _META_LENGTH = struct.Struct("<I")
 PADDING_BIT = np.uint64(1 << 63)
 UNUSED = np.uint64((1 << 64) - 1)
+KEY_BYTES = (4, 8)  # a step's keys: 4 bytes each where every record is below 2**31, else 8
 DIGEST_SIZE = 16
 ZERO_DIGEST = bytes(DIGEST_SIZE)
 _LAST_OF_EPOCH, _SEALS_BLOCK = 1, 2  # flags (``seal`` writes a step's last_of_epoch as its 0 or 1)
@@ -90,18 +92,32 @@ def link(previous: bytes, *parts: Any) -> bytes:
 
 
 @functools.cache
-def _record_type(capacity: int) -> np.dtype:
+def _record_type(capacity: int, key_bytes: int) -> np.dtype:
     """A step record as NumPy lays it out: the file's bytes, packed (no alignment)."""
     return np.dtype([("tag", "S1"), ("step", "<u8"), ("epoch", "<u8"), ("before", "<u8"), ("after", "<u8"),
-                     ("count", "<u4"), ("capacity", "<u4"), ("flags", "<u4"), ("keys", "<u8", (capacity,)),
-                     ("digest", f"V{DIGEST_SIZE}")])  # fmt: skip
+                     ("count", "<u4"), ("capacity", "<u4"), ("flags", "<u4"),
+                     ("keys", f"<u{key_bytes}", (capacity,)), ("digest", f"V{DIGEST_SIZE}")])  # fmt: skip
 
 
-def step_records(steps: int, capacity: int) -> np.ndarray:
+def padding_bit(key_bytes: int) -> np.unsignedinteger:
+    """The bit that marks a padding repeat among keys of ``key_bytes`` bytes: the top one."""
+    return np.uint32(1 << 31) if key_bytes == 4 else PADDING_BIT
+
+
+def widened(keys: np.ndarray) -> np.ndarray:
+    """Keys read from a file as ``uint64``, a padding repeat marked by ``PADDING_BIT`` whatever their width."""
+    if keys.dtype == np.uint64:
+        return keys.copy()
+    wide = keys.astype(np.uint64)
+    marked = wide >> np.uint64(31)
+    return (wide & np.uint64((1 << 31) - 1)) | (marked << np.uint64(63))
+
+
+def step_records(steps: int, capacity: int, key_bytes: int = 8) -> np.ndarray:
     """Room for a block of up to ``steps`` step records of ``capacity`` keys, laid out as the file holds them:
     the writer fills a slice's ``keys`` (each row padded with ``UNUSED``), then ``seal`` fills the rest (the tag
     and the capacity are set here). Kept from block to block, its pages are not faulted in again each time."""
-    records = np.zeros(steps, dtype=_record_type(capacity))
+    records = np.zeros(steps, dtype=_record_type(capacity, key_bytes))
     records["tag"], records["capacity"] = STEP_TAG, capacity
     return records
 
@@ -122,9 +138,9 @@ def seal(records: np.ndarray, previous: bytes, unsealed: bytes, first_step: int,
     return data, digest
 
 
-def step_size(capacity: int) -> int:
-    """Bytes a step takes in the file, for up to ``capacity`` keys (the per-rank batch size)."""
-    return _HEAD.size + 8 * capacity + DIGEST_SIZE
+def step_size(capacity: int, key_bytes: int = 8) -> int:
+    """Bytes a step takes in the file, for up to ``capacity`` keys (the per-rank batch size) of ``key_bytes``."""
+    return _HEAD.size + key_bytes * capacity + DIGEST_SIZE
 
 
 def meta_record(entry: dict[str, Any]) -> bytes:
@@ -159,10 +175,13 @@ def read_rank_file(path: Path) -> RankFile:
             if not segments or count > capacity or segments[-1].start.get("capacity", capacity) != capacity:
                 problem = "before any start record" if not segments else f"of {count} keys in {capacity} places"
                 raise CertificateError(f"{path}: a corrupt step at byte {offset}: {problem}")
-            end = offset + step_size(capacity)
+            key_bytes = segments[-1].start.get("key_bytes", 8)
+            if key_bytes not in KEY_BYTES:
+                raise CertificateError(f"{path}: a start record before byte {offset} says keys of {key_bytes!r} bytes")
+            end = offset + step_size(capacity, key_bytes)
             if end > len(data):
                 break
-            keys = np.frombuffer(data, dtype=np.uint64, count=count, offset=offset + _HEAD.size).copy()
+            keys = widened(np.frombuffer(data, dtype=f"<u{key_bytes}", count=count, offset=offset + _HEAD.size))
             digest = data[end - DIGEST_SIZE : end]
             block.append(Step(step, epoch, before, after, keys, bool(flags & _LAST_OF_EPOCH), digest))
             offset = end

@@ -31,11 +31,10 @@ import numpy as np
 
 from stateful_sampler.certificate.format import (
     MAGIC,
-    PADDING_BIT,
-    UNUSED,
     ZERO_DIGEST,
     RankFile,
     meta_record,
+    padding_bit,
     rank_files,
     rank_path,
     read_rank_file,
@@ -82,6 +81,7 @@ class CertificateWriter:
         self._marks_repeats: bool | None = None  # whether the order's strategy marks repeats (asked once)
         self._loader: Any = None  # the loader whose next steps need only be counted (no new pass since)
         self._room: np.ndarray | None = None  # the records of the block being written, kept from block to block
+        self._key_bytes = 8  # the segment's key width: 4 where every record is below 2**31
         self._unsealed: list[bytes] = []  # the records written since the file's last link, which the next covers
         self._batched = False  # the order followed is a StatefulSampler (not a stream)
         self._stream_pass: tuple[int, int] = (-1, 0)  # a stream's pass under way: its epoch and origin
@@ -243,7 +243,7 @@ class CertificateWriter:
         first = min(written * per_batch, local_length)
         flat = self._keys(first, min(counted * per_batch, local_length))
         if self._room is None or self._room.dtype["keys"].shape[0] != capacity:
-            self._room = step_records(WRITE_STEPS, capacity)
+            self._room = step_records(WRITE_STEPS, capacity, self._key_bytes)
         records = self._room[:steps]
         keys = records["keys"]
         if per_batch == capacity and counted * per_batch <= local_length:  # whole steps: the keys as they lie
@@ -254,7 +254,7 @@ class CertificateWriter:
             counts = np.clip(local_length - starts, 0, per_batch)
             places = np.arange(capacity)
             filled = places < counts[:, None]
-            keys[...] = UNUSED
+            keys[...] = np.iinfo(keys.dtype).max  # all ones: no key
             keys[filled] = flat[((starts - first)[:, None] + places)[filled]]
         unsealed = b"".join(self._unsealed)
         self._unsealed.clear()
@@ -306,8 +306,8 @@ class CertificateWriter:
         if not isinstance(layout, EpochLayout):
             epoch, origin = self._stream_pass
             indices, padding = self._sampler.global_records(epoch, origin, start, block_stop)  # type: ignore[union-attr]
-            records = indices.astype(np.uint64)
-            records[padding] |= PADDING_BIT
+            records = indices.astype(f"<u{self._key_bytes}")
+            records[padding] |= padding_bit(self._key_bytes)
             return start, block_stop, records
         drawn = self._sampler.drawn_records(layout, start)  # type: ignore[union-attr]
         if drawn is not None:
@@ -323,8 +323,8 @@ class CertificateWriter:
             return block_start, block_stop, unmarked  # nothing to mark: the records' own bits, not copied
         positions = layout.global_positions(rank, block_start, block_stop)
         padding = layout.is_padding(positions) | self._records.repeats(layout.epoch, layout.pass_offsets(positions))  # type: ignore[union-attr]
-        records = records.astype(np.uint64)
-        records[padding] |= PADDING_BIT
+        records = records.astype(f"<u{self._key_bytes}")
+        records[padding] |= padding_bit(self._key_bytes)
         return block_start, block_stop, records
 
     def _start(self, order: Any) -> None:
@@ -356,6 +356,9 @@ class CertificateWriter:
             first = self._next_step
         self._digest, self._unsealed = (own.link, [own.unsealed]) if own is not None else (ZERO_DIGEST, [])
         self._capacity = max(order.batch_size or 0, self._per_batch)
+        key_bytes = 4 if isinstance(order, StatefulSampler) and order.size < 1 << 31 else 8  # a stream's keys: 8
+        if key_bytes != self._key_bytes:
+            self._key_bytes, self._room = key_bytes, None
         state = order.state_after(0)
         start = {
             "kind": "start",
@@ -364,6 +367,7 @@ class CertificateWriter:
             "world_size": world_size,
             "batch_size": order.batch_size,
             "capacity": self._capacity,
+            "key_bytes": self._key_bytes,
             "start_step": first,
             "restored": resumed is not None,
             "continued": resumed is None and own is not None and bool(own.segments),
