@@ -134,10 +134,13 @@ def run(
     resume_only: bool = False,
     kills: tuple[Any, ...] = KILLS,
     repeat: int = 1,
+    epochs: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Every system on the same records; ``resume_only``: only the resume cost, from a checkpoint at
     half an epoch (``stream_peers.half_state``), at 0 workers. ``kills``: (workers of the killed run,
-    workers of each resume). ``repeat``: each resume's runs (``resume_task``)."""
+    workers of each resume). ``repeat``: each resume's runs (``resume_task``). ``epochs=False``: no
+    uninterrupted epoch (quality and throughput), the kills and resumes alone (at 10^7 the epochs at 0 and
+    4 workers take minutes a system)."""
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
@@ -152,7 +155,7 @@ def run(
                 result.update(task(source, root, records, "write"))
             elif system.startswith("ours") and system != "ours":
                 result.update(task(system, root, records, "write"))
-            if not resume_only:
+            if not resume_only and epochs:
                 epoch = task(system, root, records, "epoch")
                 order = epoch.pop("order", None)
                 result.update(epoch)
@@ -183,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument("--resume-only", action="store_true", help="only the resume cost at 0 workers (for 10^6+)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each resume, a fresh process each: the median")
+    parser.add_argument("--no-epoch", action="store_true", help="the kills and resumes alone: no quality, no records/s")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
-    results = run(args.records, tuple(args.systems), args.resume_only, repeat=args.repeat)
+    results = run(args.records, tuple(args.systems), args.resume_only, repeat=args.repeat, epochs=not args.no_epoch)
     for system, result in results.items():
         print(system, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
     from benchmarks.__main__ import markdown

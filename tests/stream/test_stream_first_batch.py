@@ -3,6 +3,7 @@ not its window's shards, and is the batch the uninterrupted run delivers there."
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -136,3 +137,31 @@ def test_a_first_batch_over_shards_of_other_schemas_is_built_shard_by_shard(tmp_
     resumed.load_state_dict(resumed.state_dict(consumed_batches=1))
     first = next(iter(resumed.loader(num_workers=0)))["x"].tolist()
     assert first == uninterrupted[1] and min(first) < ROWS  # a record of the narrow shard among the others
+
+
+class ThreadsLogged(ParquetReader):
+    """Notes the thread of each of the first batch's shard reads."""
+
+    def read_rows_span(self, shard: str, rows: object) -> object:  # type: ignore[override]
+        self.threads.append(threading.get_ident())
+        return super().read_rows_span(shard, rows)  # type: ignore[arg-type]
+
+
+@settings(max_examples=15, deadline=None)
+@given(consumed=st.integers(1, SHARDS * ROWS // 5 - 1), urls=st.booleans())  # 0: no resume, the window is read
+def test_a_first_batch_reads_local_shards_in_its_own_thread_and_urls_side_by_side(
+    shards: list[str], consumed: int, urls: bool
+) -> None:
+    named = [Path(shard).as_uri() for shard in shards] if urls else shards
+    uninterrupted = batches(stream_of(shards, ParquetReader()))
+    reader = ThreadsLogged()
+    reader.threads = []  # type: ignore[attr-defined]
+    resumed = stream_of(named, reader)
+    resumed.load_state_dict(resumed.state_dict(consumed_batches=consumed))
+    first = next(iter(resumed.loader(num_workers=0)))["x"].tolist()
+    assert first == uninterrupted[consumed]
+    threads = set(reader.threads)  # type: ignore[attr-defined]
+    read = len({record // ROWS for record in first})
+    assert len(reader.threads) == read  # type: ignore[attr-defined]
+    if read > 1:  # one shard is read in the caller's thread either way
+        assert (threading.get_ident() not in threads) if urls else (threads == {threading.get_ident()})

@@ -15,14 +15,17 @@ import numpy as np
 
 from stateful_sampler.order.shards import EpochWindows, distinct
 from stateful_sampler.stream.readers import ShardReader, ShardReadError, rows_reader, rows_span_reader, span_reader
+from stateful_sampler.stream.remote import is_url
 
 Spans = dict[int, tuple[int, Sequence[Any]]]  # shard -> (its first row read, the span of its rows)
 Joined = tuple[Sequence[Any], np.ndarray]  # the spans joined, and each shard's base row in the join
 # The most records a worker builds at once: a window's first chunk is one batch (the first batch waits
 # for no more), each next one twice the last, up to this (fewer, larger conversions; bounded memory).
 CHUNK_RECORDS = 1024
-# The threads that read a first batch's shards side by side (``read_rows_span``): its ~100 small reads
-# each wait on storage or decode without the GIL.
+# The threads that read a first batch's remote shards side by side (``read_rows_span``): each of its ~60 small
+# reads waits on storage. Local shards are read one after another: a local read is a file opened, a footer parsed
+# and a row group decoded, tens of µs, where handing it to a thread and back cost more (a first batch over 63
+# local parquet shards: 25 ms of wall in 4 threads, 15 ms in one, and a third of the CPU).
 READ_THREADS = 4
 
 
@@ -94,8 +97,9 @@ class WindowGather:
 
     def records_at_rows(self, shards: np.ndarray, rows: np.ndarray) -> list[Any]:
         """The records at (shard, row) read on their own, each shard once (``read_rows``): a pass's first
-        batch, which then waits for its own records only. A reader with ``read_rows_span`` reads the shards
-        side by side in threads and builds the batch's records in one conversion of their joined spans."""
+        batch, which then waits for its own records only. A reader with ``read_rows_span`` builds the batch's
+        records in one conversion of their joined spans, and reads the shards side by side in threads where
+        one of them is a URL (``reads_in_threads``)."""
         slots_of: dict[int, list[int]] = {}  # grouped in Python: a batch's rows are few, NumPy calls cost more
         for slot, shard in enumerate(shards.tolist()):
             slots_of.setdefault(shard, []).append(slot)
@@ -106,11 +110,13 @@ class WindowGather:
         def read(shard: int, where: np.ndarray) -> Sequence[Any]:
             return self.shard_rows(shard, rows[where], as_span=spanned)
 
-        if not spanned or len(order) < 2:
-            found = [read(shard, where) for shard, where in zip(order, wheres)]
-        else:
+        joins = spanned and len(order) > 1
+        if joins and self.reads_in_threads(order):
             with ThreadPoolExecutor(min(READ_THREADS, len(order))) as pool:
                 found = list(pool.map(read, order, wheres))
+        else:
+            found = [read(shard, where) for shard, where in zip(order, wheres)]
+        if joins:
             spans: Spans = {shard: (0, span) for shard, span in zip(order, found)}
             joined = join_spans(spans, len(self.shards))
             if joined is not None:  # row k of the join is slot concatenate(wheres)[k] of the batch
@@ -121,6 +127,18 @@ class WindowGather:
             for slot, record in zip(where.tolist(), span[:] if spanned else span):
                 records[slot] = record
         return records
+
+    def reads_in_threads(self, shards: Sequence[int]) -> bool:
+        """Whether a first batch over ``shards`` reads them side by side in threads: where one is a URL (a read that
+        waits on storage, or on a ``ShardCache``'s download), not where all are local files (see ``READ_THREADS``).
+
+        Example:
+            >>> from stateful_sampler.stream.readers import ParquetReader
+            >>> gather = WindowGather(ParquetReader(), ["a.parquet", "s3://bucket/b.parquet"], [4, 4])
+            >>> gather.reads_in_threads([0]), gather.reads_in_threads([0, 1])
+            (False, True)
+        """
+        return any(is_url(self.shards[shard]) for shard in shards)
 
     def shard_rows(self, shard: int, rows: np.ndarray, as_span: bool = False) -> Sequence[Any]:
         """The records at ``rows`` of shard ``shard``, read on their own (``read_rows``): one shard's part of

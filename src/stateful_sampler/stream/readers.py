@@ -63,8 +63,9 @@ class ShardReader(Protocol):
 #       them (parquet: their row groups). The first batch of a pass is read through it, so a resume waits
 #       for that batch's records, not for its window's shards.
 #   read_rows_span(shard, rows) -> span: the records of ``read_rows`` as a span of a type with ``join``
-#       (``ParquetSpan``), safe to call from several threads: the first batch reads its shards side by side
-#       (pyarrow decodes without the GIL), joins their spans and builds its records in one conversion.
+#       (``ParquetSpan``), safe to call from several threads: the first batch reads remote shards side by side
+#       (local ones one after another, see ``gather.READ_THREADS``), joins their spans and builds its records in
+#       one conversion.
 
 
 @dataclass(frozen=True)
