@@ -38,7 +38,6 @@ STEP_TAG, META_TAG, _UNWRITTEN = b"T", b"M", b"\x00"
 _HEAD = struct.Struct("<cQQQQIII")  # the tag, step, epoch, before, after, count, capacity, flags
 _META_LENGTH = struct.Struct("<I")
 PADDING_BIT = np.uint64(1 << 63)
-UNUSED = np.uint64((1 << 64) - 1)
 KEY_BYTES = (4, 8)  # a step's keys: 4 bytes each where every record is below 2**31, else 8
 DIGEST_SIZE = 16
 ZERO_DIGEST = bytes(DIGEST_SIZE)
@@ -115,7 +114,7 @@ def widened(keys: np.ndarray) -> np.ndarray:
 
 def step_records(steps: int, capacity: int, key_bytes: int = 8) -> np.ndarray:
     """Room for a block of up to ``steps`` step records of ``capacity`` keys, laid out as the file holds them:
-    the writer fills a slice's ``keys`` (each row padded with ``UNUSED``), then ``seal`` fills the rest (the tag
+    the writer fills a slice's ``keys`` (each row padded with all ones), then ``seal`` fills the rest (the tag
     and the capacity are set here). Kept from block to block, its pages are not faulted in again each time."""
     records = np.zeros(steps, dtype=_record_type(capacity, key_bytes))
     records["tag"], records["capacity"] = STEP_TAG, capacity

@@ -83,7 +83,6 @@ class CertificateWriter:
         self._room: np.ndarray | None = None  # the records of the block being written, kept from block to block
         self._key_bytes = 8  # the segment's key width: 4 where every record is below 2**31
         self._unsealed: list[bytes] = []  # the records written since the file's last link, which the next covers
-        self._batched = False  # the order followed is a StatefulSampler (not a stream)
         self._stream_pass: tuple[int, int] = (-1, 0)  # a stream's pass under way: its epoch and origin
         self._capacity = 1
         self._next_step = 0
@@ -288,8 +287,7 @@ class CertificateWriter:
         if not _followable(order):
             raise TypeError(f"a certificate follows a StatefulSampler or a ShardedStream, got {type(order).__name__}")
         self._sampler = order
-        self._batched = isinstance(order, StatefulSampler)
-        if self._batched:
+        if isinstance(order, StatefulSampler):
             self._records = PassRecords(order.strategy, order.order, order.seed, order.size)
 
     def _keys(self, start: int, stop: int) -> np.ndarray:
