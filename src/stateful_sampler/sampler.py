@@ -12,6 +12,7 @@ import sys
 import weakref
 from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass, replace
+from functools import partial
 from itertools import chain, repeat
 from operator import length_hint
 from typing import Any
@@ -383,7 +384,7 @@ class StatefulSampler(DistributedSampler):
         floor = self._floor_layout(origin)
         layout = None if floor is not None else self._layout(origin)
         current = _Pass(origin, layout, rank, 0, iter(()), prefetches=prefetches, snapshots=snapshots, driver=driver,
-                        exact=lambda: self._layout(origin))  # fmt: skip
+                        exact=partial(self._layout, origin))  # fmt: skip
         if attached:
             self._pass = current
         block = _FIRST_BLOCK
