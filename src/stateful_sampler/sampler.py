@@ -332,7 +332,9 @@ class StatefulSampler(DistributedSampler):
         floor = self._records.counting_floor(cursor.epoch)
         if floor is None or floor <= cursor.position:
             return None
-        return EpochLayout(self.tail, floor, self.num_replicas, cursor.epoch, cursor.epoch * floor, cursor.position, floor)
+        return EpochLayout(
+            self.tail, floor, self.num_replicas, cursor.epoch, cursor.epoch * floor, cursor.position, floor
+        )
 
     def _commit(self, cursor: _Cursor) -> None:
         """Set where the next pass starts, and detach any pass under way from the state."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
-import os
 import pickle
 import threading
 from collections.abc import Iterator
@@ -43,12 +42,13 @@ def counted_first() -> Iterator[None]:
 
 @contextmanager
 def held_count() -> Iterator[dict[str, object]]:
-    """Every pass count of this process waits for ``held["release"]``; ``held["done"]`` counts finished ones."""
-    release, done, parent = threading.Event(), [], os.getpid()
+    """Every pass count in a background thread waits for ``held["release"]`` (one asked for by the main thread,
+    or in a forked child, runs at once); ``held["done"]`` names the threads of the counts finished."""
+    release, done = threading.Event(), []
     original = rows_module.PassRows._rows_of_every_window
 
     def held(self: rows_module.PassRows) -> np.ndarray:
-        if os.getpid() == parent:  # a forked child counts at once (it has no thread to wait for)
+        if threading.current_thread() is not threading.main_thread():
             assert release.wait(60), "the count was never released"
         counts = original(self)
         done.append(threading.current_thread().name)
@@ -111,6 +111,19 @@ def test_pickled_and_deep_copied_while_counting_and_after():
     assert after.epoch == rows.epoch == 1 and list(after) == list(rows)
 
 
+def test_one_count_runs_in_the_background_at_a_time_and_another_pass_is_counted_where_asked():
+    with counted_first():
+        expected = list(whole_rows(num_replicas=2, rank=1))
+    with held_count() as held:
+        first, second = whole_rows(num_replicas=2, rank=0), whole_rows(num_replicas=2, rank=1)
+        next(iter(first))  # its count runs, held
+        assert list(iter(second)) == expected  # counted in the main thread, not queued behind the held one
+        assert held["done"] == ["MainThread"]
+        held["release"].set()
+        assert first.rows_in_epoch(0) == second.rows_in_epoch(0)
+        assert held["done"] == ["MainThread", "stateful-sampler-count"]
+
+
 def _count_in_child(rows: PackedRows, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     queue.put(rows.rows_in_epoch(0))
 
@@ -127,7 +140,7 @@ def test_a_forked_child_counts_for_itself_while_the_parent_count_is_held():
         child.start()
         assert queue.get(timeout=120) == expected
         child.join(60)
-        assert child.exitcode == 0 and held["done"] == []
+        assert child.exitcode == 0 and held["done"] == []  # the child's count was its own
         held["release"].set()
         assert rows.rows_in_epoch(0) == expected
 
@@ -168,7 +181,12 @@ def test_an_error_of_the_count_itself_is_raised_at_the_call_that_asks():
         lambda **kw: TokenBudgetBatches(LENGTHS, 4096, padded=False, seed=2, **kw),
         lambda **kw: PackedRows(LENGTHS, 300, split_records=False, truncate=True, seed=2, **kw),
         lambda **kw: PackedRows(
-            LENGTHS, 512, split_records=False, seed=2, strategy=Mixture([SIZE // 2, SIZE - SIZE // 2], [3, 1], num_samples=SIZE), **kw
+            LENGTHS,
+            512,
+            split_records=False,
+            seed=2,
+            strategy=Mixture([SIZE // 2, SIZE - SIZE // 2], [3, 1], num_samples=SIZE),
+            **kw,
         ),
     ],
     ids=["budget-padded", "budget-unpadded", "truncated-rows", "mixture-rows"],

@@ -121,12 +121,13 @@ class WindowStarts:
     def count_in_background(self) -> bool:
         """Start ``measure_all`` in a daemon thread unless the total is known, or counted or being counted
         already; returns whether a count is under way now. Nothing here waits for it: ``total`` and a
-        ``locate`` far ahead take its result when it is done."""
+        ``locate`` far ahead take its result when it is done. One count runs in the background at a time in a
+        process (each holds about 100 MB of temporaries): while one runs, another pass is counted where asked."""
         if self._total is not None or self._measure_all is None:
             return False
         if self._counting is None or not self._counting.ours():
-            self._counting = _Counting(self._measure_all)
-        return True
+            self._counting = _Counting.start(self._measure_all)
+        return self._counting is not None
 
     def remember(self, index: int, start: int) -> None:
         """A start known from elsewhere (a saved state); ``index`` may be ``count`` (the total)."""
@@ -196,17 +197,36 @@ class _Counting:
     """``measure_all`` in a daemon thread of the process that started it. The thread only computes: what it
     found is published by the caller of ``result`` (so the walk's bookkeeping stays in one thread)."""
 
+    _running = threading.BoundedSemaphore(1)  # one count in the background per process
+
     def __init__(self, measure_all: Callable[[], np.ndarray]) -> None:
         self._pid = os.getpid()
         self._units: np.ndarray | None = None
-        self._thread = threading.Thread(target=self._run, args=(measure_all,), name="stateful-sampler-count", daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(
+            target=self._run, args=(measure_all,), name="stateful-sampler-count", daemon=True
+        )
+
+    @classmethod
+    def start(cls, measure_all: Callable[[], np.ndarray]) -> _Counting | None:
+        """A count started in the background, or None while another one runs in this process (or where no thread
+        can be started: the pass is then counted where it is asked, as without a thread)."""
+        if not cls._running.acquire(blocking=False):
+            return None
+        counting = cls(measure_all)
+        try:
+            counting._thread.start()
+        except RuntimeError:  # "can't start new thread"
+            cls._running.release()
+            return None
+        return counting
 
     def _run(self, measure_all: Callable[[], np.ndarray]) -> None:
         try:
             self._units = np.asarray(measure_all(), dtype=np.int64)
         except Exception:  # noqa: BLE001 - counted again by ``result``'s caller, which raises it there
             self._units = None
+        finally:
+            self._running.release()
 
     def ours(self) -> bool:
         """Whether the thread belongs to this process (a forked child has the object, not the thread)."""
@@ -218,3 +238,10 @@ class _Counting:
             return None
         self._thread.join()
         return self._units
+
+
+def _reset_in_child() -> None:  # a child forked while a count ran has no thread to release it
+    _Counting._running = threading.BoundedSemaphore(1)
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
