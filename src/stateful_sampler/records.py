@@ -35,15 +35,27 @@ class PassRecords:
     def pass_length(self, pass_index: int) -> int:
         return self._strategy.pass_length(self._size, pass_index)
 
+    def _within_floor(self, base_pass: int, low: int, high: int) -> bool:
+        """Whether offsets from ``low`` to ``high`` lie in pass ``base_pass`` below the floor of a length still
+        being counted (``Strategy.counting_floor``): such a pass answers for its first positions without it."""
+        floor = self._strategy.counting_floor(self._size, base_pass)
+        return floor is not None and low >= 0 and high < floor
+
+    def counting_floor(self, pass_index: int) -> int | None:
+        return self._strategy.counting_floor(self._size, pass_index)
+
     def __call__(self, base_pass: int, offsets: np.ndarray) -> np.ndarray:
         """Records at stream positions ``offsets`` counted from the start of pass ``base_pass`` (negative
         or past its end: carry reads across pass boundaries, whose passes all have one length); the
         absolute position is never formed, so it may exceed int64."""
         if offsets.size == 0:
             return offsets
+        low, high = int(offsets.min()), int(offsets.max())
+        if self._within_floor(base_pass, low, high):
+            return self._pass_order(base_pass)(offsets)
         length = self.pass_length(base_pass)
-        first = int(offsets.min()) // length
-        last = int(offsets.max()) // length
+        first = low // length
+        last = high // length
         if first == last:
             # The usual block lies inside one pass: a subtraction instead of a per-element divmod.
             local = offsets - first * length if first else offsets
@@ -61,6 +73,9 @@ class PassRecords:
         marked = np.zeros(offsets.shape, dtype=bool)
         if offsets.size == 0:
             return marked
+        if self._within_floor(base_pass, int(offsets.min()), int(offsets.max())):
+            repeats = getattr(self._pass_order(base_pass), "repeats", None)
+            return repeats(offsets) if repeats is not None else marked
         length = self.pass_length(base_pass)
         if length:
             first, last = int(offsets.min()) // length, int(offsets.max()) // length

@@ -12,6 +12,7 @@ import sys
 import weakref
 from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass, replace
+from functools import partial
 from itertools import chain, repeat
 from operator import length_hint
 from typing import Any
@@ -62,10 +63,13 @@ class _Cursor:
 
 @dataclass
 class _Pass:
-    """One iteration over the rest of an epoch, and how far it has drawn."""
+    """One iteration over the rest of an epoch, and how far it has drawn. ``exact`` (when given) lays the pass out
+    the first time ``layout`` is asked for: a pass whose length is still being counted draws its first positions
+    below the floor of its length without it (``StatefulSampler._pass_blocks``), and anything that asks for the layout
+    (a state, a length, a certificate) waits for that count."""
 
     origin: _Cursor
-    layout: EpochLayout
+    known_layout: EpochLayout | None
     rank: int
     block_start: int
     block: Iterator[Any]
@@ -75,6 +79,13 @@ class _Pass:
     snapshots: bool = False  # drawn by torchdata's StatefulDataLoader, which snapshots state per fetch
     driver: Any = None  # a weak reference to the DataLoader iterator drawing the pass, if any
     drawn_blocks: tuple[tuple[int, np.ndarray], ...] = ()  # the last two blocks drawn: local start, records
+    exact: Any = None  # () -> EpochLayout, where ``known_layout`` is None
+
+    @property
+    def layout(self) -> EpochLayout:
+        if self.known_layout is None:
+            self.known_layout = self.exact()
+        return self.known_layout
 
     def loop_ended(self) -> bool:
         """Whether the loop over this pass saw its end: torchdata's iterator knows (a partial last batch
@@ -309,6 +320,22 @@ class StatefulSampler(DistributedSampler):
             cursor.end,
         )
 
+    def _floor_layout(self, cursor: _Cursor) -> EpochLayout | None:
+        """Where the length of the pass starting at ``cursor`` is still being counted (``Strategy.counting_floor``),
+        the layout of the positions it surely has; else None (and where even the first positions need the length:
+        ``carry`` places an epoch by the lengths before it, and an end once fixed is kept).
+
+        Below the floor every position is the pass's own, no padding: a pass's length decides only where the
+        ranks' shares end and, past the records, what is padding. So a pass draws those while the count runs."""
+        if self.tail is Tail.CARRY or cursor.end is not None:
+            return None
+        floor = self._records.counting_floor(cursor.epoch)
+        if floor is None or floor <= cursor.position:
+            return None
+        return EpochLayout(
+            self.tail, floor, self.num_replicas, cursor.epoch, cursor.epoch * floor, cursor.position, floor
+        )
+
     def _commit(self, cursor: _Cursor) -> None:
         """Set where the next pass starts, and detach any pass under way from the state."""
         self._cursor = cursor
@@ -355,21 +382,30 @@ class StatefulSampler(DistributedSampler):
             pass_starting(self)
         self._check_ranks()
         origin = self._cursor
-        layout = self._layout(origin)
         rank = self.rank
-        local_stop = layout.local_length(rank)
-        current = _Pass(origin, layout, rank, 0, iter(()), prefetches=prefetches, snapshots=snapshots, driver=driver)
+        floor = self._floor_layout(origin)
+        layout = None if floor is not None else self._layout(origin)
+        current = _Pass(origin, layout, rank, 0, iter(()), prefetches=prefetches, snapshots=snapshots, driver=driver,
+                        exact=partial(self._layout, origin))  # fmt: skip
         if attached:
             self._pass = current
         block = _FIRST_BLOCK
-        while current.block_start + current.block_length < local_stop:
+        while True:
             start = current.block_start + current.block_length
+            if current.known_layout is None and floor is not None and start < floor.local_length(rank):
+                layout, local_stop = floor, floor.local_length(rank)  # below the floor: the count runs on
+            else:
+                layout = current.layout
+                local_stop = layout.local_length(rank)
+            if start >= local_stop:
+                break
             stop = min(start + block, local_stop)
             drawn, items, records = self._items(layout, rank, start, stop)
             current.block_start, current.block_length, current.block = start, stop - start, drawn
             current.drawn_blocks = (*current.drawn_blocks[-1:], (start, records))
             yield items
             block = min(2 * block, _MAX_BLOCK)
+        layout = current.layout
         if self._pass is current:
             # A completed pass moves on, so a forgotten set_epoch never replays the same order.
             current.finished = True

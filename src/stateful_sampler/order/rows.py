@@ -40,6 +40,9 @@ from stateful_sampler.order.windows import PassWindows, WindowCache, WindowStart
 Slice = tuple[int, int, int]  # (record, start, stop): tokens [start, stop) of the record
 _KEPT_PASSES = 3  # carry reads across one pass boundary; a state probe may ask for the previous pass
 _COUNTED_AT_ONCE = 1 << 23  # records whose windows' rows are counted together: ~100 MB of temporaries
+# draws from which a pass's rows are counted in a thread while its first rows are served (``PassRows.counting_floor``):
+# below it the count takes a few ms, less than a thread's start and its contention for the GIL
+_COUNTED_LATER = 1 << 18
 SPLICE_VERSION = 1  # the version of a row order's slot in a saved state (``state_at``)
 _SPLICE_FIELDS = ("version", "splice", "rows", "fingerprint", "drawn")
 
@@ -85,6 +88,7 @@ class RowOrder(Strategy):
         self.drawn = strategy  # None: the uniform shuffle of windows.py
         self.passes_vary = not split or strategy is not None  # a strategy's passes may draw other tokens
         self.tokens = int(lengths.sum(dtype=np.int64))
+        self._kept_tokens: int | None = None  # ``kept_tokens``, once asked
         self.digest = lengths_digest(lengths)  # of the values: what a state records as its lengths
         self._legacy_digest: str | None = None
         self._passes: OrderedDict[int, PassRows] = OrderedDict()
@@ -100,6 +104,9 @@ class RowOrder(Strategy):
 
     def pass_length(self, size: int, pass_index: int) -> int:
         return self.rows(pass_index).count()
+
+    def counting_floor(self, size: int, pass_index: int) -> int | None:
+        return self.rows(pass_index).counting_floor()
 
     def pass_order(self, size: int, seed: int, pass_index: int) -> PassOrder:
         return _rows_themselves
@@ -182,6 +189,20 @@ class RowOrder(Strategy):
             self.digest = digest
             self.__dict__.pop("_fingerprint", None)
 
+    def kept_tokens(self) -> int:
+        """Tokens of the records once each, as rows keep them (``truncate`` keeps ``capacity`` of a longer one)."""
+        if self._kept_tokens is None:
+            kept = np.minimum(self.lengths, self.capacity).sum(dtype=np.int64) if self.truncate else self.tokens
+            self._kept_tokens = int(kept)
+        return self._kept_tokens
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its passes' rows (a cache, rebuilt where they are read again): a sampler that has
+        been iterated, or asked its length, still goes to spawned processes."""
+        state = dict(self.__dict__)
+        state["_passes"] = OrderedDict()
+        return state
+
     def draws(self, pass_index: int) -> tuple[int, PassOrder | None]:
         """Pass ``pass_index``'s draws: how many, and the records at its positions (``None``: the uniform
         shuffle). A pass whose tokens could pass ``MAX_TOKENS`` is refused (its offsets would wrap int64)."""
@@ -260,6 +281,18 @@ class PassRows:
         if self._order.split:
             return -(-self.starts.total() // self._order.capacity)
         return self.starts.total()
+
+    def counting_floor(self) -> int | None:
+        """None where the pass's row count is known or cheap; else the count starts in the background
+        (``WindowStarts.count_in_background``) and this is a floor of the rows the pass surely has. Every window
+        packs into at least one row, and into at least ceil(tokens / capacity) rows of at most ``capacity``
+        tokens (a padded batch costs at least its tokens), where the pass's tokens are known: a shuffle's."""
+        if self._order.split or self.draws < _COUNTED_LATER or not self.starts.count_in_background():
+            return None
+        floor = self._windows.count
+        if self._order.drawn is None:  # the uniform shuffle: every record once
+            floor = max(floor, -(-self._order.kept_tokens() // self._order.capacity))
+        return floor
 
     def saved_total(self) -> int | None:
         """What a state carries so that a resume never walks the pass: its units (rows, or tokens of a

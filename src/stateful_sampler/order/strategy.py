@@ -90,6 +90,13 @@ class Strategy(ABC):
         ``IncompatibleStateError`` naming the field for a state it cannot continue."""
         return None
 
+    def counting_floor(self, size: int, pass_index: int) -> int | None:
+        """None where pass ``pass_index``'s length is known or quick to find (``pass_length``). Where finding it
+        takes a walk (packed rows count every window), that count starts in the background and this returns a
+        floor of positions the pass surely has: a sampler reads those while the count runs, so its first rows
+        never wait for it."""
+        return None
+
     def saved_pass_length(self, size: int, pass_index: int) -> int:
         """Pass ``pass_index``'s length in the run whose state this strategy continues: its own length, but for a
         continuation (``resume_from``) that changes it from the saved position on (packed rows over a mixture

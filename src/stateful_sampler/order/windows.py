@@ -10,11 +10,15 @@ window it resumes in, from the state) and walks forward from the nearest known o
 start it passes. Reading a pass in order, or resuming in it, costs O(window) per window. The pass's
 total, or a unit more than a few windows past every known start, takes every window's units at once
 from ``measure_all`` when the order has one (whole-record packing counts a pass's rows in NumPy,
-``packing.bin_counts``): O(N) once per pass, but at a small fraction of a walk's cost.
+``packing.bin_counts``): O(N) once per pass, but at a small fraction of a walk's cost. That count can run in a
+thread (``count_in_background``) while the first windows are walked and read: the walk needs no total, and
+whoever asks for the total first takes the thread's result (or counts itself, in a forked child).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
@@ -105,6 +109,25 @@ class WindowStarts:
         self._starts = [0]  # ...and their starts (ascending too)
         self._total: int | None = None
         self._every: np.ndarray | None = None  # every window's start, then the total, once measure_all ran
+        self._counting: _Counting | None = None  # measure_all under way in a thread (``count_in_background``)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled (a sampler sent to spawned processes) or copied without a count under way: the copy counts
+        again where it needs the total."""
+        state = dict(self.__dict__)
+        state["_counting"] = None
+        return state
+
+    def count_in_background(self) -> bool:
+        """Start ``measure_all`` in a daemon thread unless the total is known, or counted or being counted
+        already; returns whether a count is under way now. Nothing here waits for it: ``total`` and a
+        ``locate`` far ahead take its result when it is done. One count runs in the background at a time in a
+        process (each holds about 100 MB of temporaries): while one runs, another pass is counted where asked."""
+        if self._total is not None or self._measure_all is None:
+            return False
+        if self._counting is None or not self._counting.ours():
+            self._counting = _Counting.start(self._measure_all)
+        return self._counting is not None
 
     def remember(self, index: int, start: int) -> None:
         """A start known from elsewhere (a saved state); ``index`` may be ``count`` (the total)."""
@@ -162,6 +185,63 @@ class WindowStarts:
                 self._total = start
 
     def _measure_every_window(self) -> None:
-        units = np.asarray(self._measure_all(), dtype=np.int64)  # type: ignore[misc]
+        counting, self._counting = self._counting, None
+        units = counting.result() if counting is not None else None
+        if units is None:  # no count in the background (or it failed, or this is a forked child): count here
+            units = np.asarray(self._measure_all(), dtype=np.int64)  # type: ignore[misc]
         every = np.concatenate(([0], np.cumsum(units)))
         self._every, self._total = every, int(every[-1])
+
+
+class _Counting:
+    """``measure_all`` in a daemon thread of the process that started it. The thread only computes: what it
+    found is published by the caller of ``result`` (so the walk's bookkeeping stays in one thread)."""
+
+    _running = threading.BoundedSemaphore(1)  # one count in the background per process
+
+    def __init__(self, measure_all: Callable[[], np.ndarray]) -> None:
+        self._pid = os.getpid()
+        self._units: np.ndarray | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(measure_all,), name="stateful-sampler-count", daemon=True
+        )
+
+    @classmethod
+    def start(cls, measure_all: Callable[[], np.ndarray]) -> _Counting | None:
+        """A count started in the background, or None while another one runs in this process (or where no thread
+        can be started: the pass is then counted where it is asked, as without a thread)."""
+        if not cls._running.acquire(blocking=False):
+            return None
+        counting = cls(measure_all)
+        try:
+            counting._thread.start()
+        except RuntimeError:  # "can't start new thread"
+            cls._running.release()
+            return None
+        return counting
+
+    def _run(self, measure_all: Callable[[], np.ndarray]) -> None:
+        try:
+            self._units = np.asarray(measure_all(), dtype=np.int64)
+        except Exception:  # noqa: BLE001 - counted again by ``result``'s caller, which raises it there
+            self._units = None
+        finally:
+            self._running.release()
+
+    def ours(self) -> bool:
+        """Whether the thread belongs to this process (a forked child has the object, not the thread)."""
+        return self._pid == os.getpid()
+
+    def result(self) -> np.ndarray | None:
+        """Every window's units, once the thread is done; None where it failed or is not this process's."""
+        if not self.ours():
+            return None
+        self._thread.join()
+        return self._units
+
+
+def _reset_in_child() -> None:  # a child forked while a count ran has no thread to release it
+    _Counting._running = threading.BoundedSemaphore(1)
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
