@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -125,9 +126,20 @@ class _LoaderPass:
     """One pass of the loader over the rest of an epoch: what it yields and how much of it the loop took."""
 
     epoch: int
-    batches: int  # the batches this pass yields (capped by batches_per_epoch)
+    count: Callable[[], int]  # the batches this pass yields (capped by batches_per_epoch), counted when first asked
     consumed: int = 0  # batches handed to the loop
     started: bool = False  # the first next() has run: epoch and position are read then
+    counted: int | None = None
+
+    @property
+    def batches(self) -> int:
+        if self.counted is None:
+            self.counted = self.count()
+        return self.counted
+
+    def recount(self, epoch: int, count: Callable[[], int]) -> None:
+        """The pass, not yet started, begins at another epoch or position: counted again from there."""
+        self.epoch, self.count, self.counted = epoch, count, None
 
 
 class ResumableLoader:
@@ -230,7 +242,7 @@ class ResumableLoader:
             self._settle()
         self.sampler.set_epoch(epoch)
         if pending is not None:  # an iterator not yet started reads the epoch at its first batch, as the sampler does
-            pending.epoch, pending.batches = self.sampler.epoch, self._next_pass_batches()
+            pending.recount(self.sampler.epoch, self._pass_batches())
 
     def __len__(self) -> int:
         """The batches left in the pass under way, else in the next pass: the rest of the epoch from
@@ -242,12 +254,24 @@ class ResumableLoader:
         return self._next_pass_batches()
 
     def _next_pass_batches(self) -> int:
-        left = self.sampler.remaining_length()
-        size = self._records_per_batch
-        batches = left // size if self._drop_last else -(-left // size)
+        batches = self._batches_of(self.sampler.remaining_length())
         if self.batches_per_epoch is None:
             return batches
         return max(0, min(batches, self.batches_per_epoch - self._batches_before()))
+
+    def _batches_of(self, records: int) -> int:
+        size = self._records_per_batch
+        return records // size if self._drop_last else -(-records // size)
+
+    def _pass_batches(self) -> Callable[[], int]:
+        """The next pass's batch count as a function: counted now, or, where the order counts its remaining
+        length later (``StatefulSampler.remaining_length_later``: packed rows whose epoch is still being counted)
+        and no cap needs it at the start, when first asked (``len()``), so the first batches need not wait."""
+        later = getattr(self.sampler, "remaining_length_later", None)
+        records = later() if later is not None and self.batches_per_epoch is None else None
+        if records is None:
+            return partial(int, self._next_pass_batches())
+        return partial(_batches_later, self._batches_of, records)
 
     def _batches_before(self) -> int:
         """This rank's batches of the current epoch consumed before the next pass (a resume's)."""
@@ -262,7 +286,7 @@ class ResumableLoader:
         batch), so a state taken between ``iter()`` and the first batch describes this pass."""
         self._settle()
         token = self._token = object()
-        self._pass = _LoaderPass(self.sampler.epoch, self._next_pass_batches())
+        self._pass = _LoaderPass(self.sampler.epoch, self._pass_batches())
         return self._run(token, self._pass)
 
     def _run(self, token: object, current: _LoaderPass) -> Iterator[Any]:
@@ -270,14 +294,14 @@ class ResumableLoader:
         current.started = True
         if self._epoch_sync is not None:
             self._epoch_sync(self.sampler.epoch)
-        current.epoch, current.batches = self.sampler.epoch, self._next_pass_batches()
+        current.recount(self.sampler.epoch, self._pass_batches())
         for generator in self._generators:
             generator.manual_seed((self.sampler.seed * 1_000_003 + current.epoch) % (1 << 63))
-        if current.batches == 0 and self.batches_per_epoch is not None:
+        if self.batches_per_epoch is not None and current.batches == 0:
             self._end_capped_epoch(token, current)
             return
         batches = iter(loader_batches(self.sampler, self.loader))
-        while current.consumed < current.batches or self.batches_per_epoch is None:
+        while self.batches_per_epoch is None or current.consumed < current.batches:
             try:
                 batch = next(batches)
             except StopIteration:
@@ -359,10 +383,14 @@ class ResumableLoader:
         if pending is None:
             self._pass = self._token = None
         else:  # an iterator made before the load and not yet started begins at the loaded position
-            pending.epoch, pending.batches = self.sampler.epoch, self._next_pass_batches()
+            pending.recount(self.sampler.epoch, self._pass_batches())
         if restore_rngs is not None:
             restore_rngs()
         state_loaded(self, saved.sampler)
+
+
+def _batches_later(batches_of: Callable[[int], int], records: Callable[[], int]) -> int:
+    return batches_of(records())
 
 
 def _records_per_batch(loader: Any, sampler: ResumableOrder) -> int:

@@ -2,7 +2,9 @@
 samplers) in the loader's sampler, an order that lives in the dataset and reports its own passes
 (``ShardedStream``), or a third party's order written against ``ResumableOrder`` alone.
 
-``ResumableOrder`` is the whole seam: the loader reads and calls nothing else of an order. Besides the
+``ResumableOrder`` is the whole seam: the loader reads and calls nothing else of an order, except one optional
+method, ``remaining_length_later()`` (``StatefulSampler``'s: ``remaining_length()`` as a function to call later, or
+None), which lets a pass whose length is still being counted start before its ``len()`` is known. Besides the
 attributes every order has (``batch_size``, ``seed``, ``epoch``, ``num_replicas``, ``set_epoch``,
 ``len()``, ``remaining_length()``, ``state_dict`` / ``load_state_dict``), it asks three things of a pass:
 ``pass_begun`` (a pass began since the last ``set_epoch``, load or ``settle``), ``state_after(consumed)``

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import chain, repeat
@@ -275,6 +275,16 @@ class StatefulSampler(DistributedSampler):
         saves (a restored sampler's next pass yields exactly these). A training loop that resumed
         mid-epoch runs ``ceil(remaining_length() / batch_size)`` more batches in it."""
         return self._current_layout().local_length(self.rank)
+
+    def remaining_length_later(self) -> Callable[[], int] | None:
+        """``remaining_length()`` as of now, as a function to call when the number is needed, where the current
+        pass's length is still being counted (``Strategy.counting_floor``: packed rows of a large epoch); None
+        where it is known (ask ``remaining_length()``). A loader that counts a pass's batches at ``iter()`` only
+        for ``len()`` thus serves the first batches before the count is done."""
+        cursor = self._rest_cursor()
+        if cursor is None or self._floor_layout(cursor) is None:
+            return None
+        return partial(_local_length, self, cursor, self.rank)
 
     def pass_length(self) -> int:
         """The indices this rank's pass yields: the one under way, counted from its start, or else
@@ -640,6 +650,11 @@ class StatefulSampler(DistributedSampler):
             end = None  # the rest of the epoch is laid out on these ranks, this batch size and this pass length
         self._commit(_Cursor(saved.epoch, position, saved.carry_start, end))
         self._ended = None
+
+
+def _local_length(sampler: StatefulSampler, cursor: _Cursor, rank: int) -> int:
+    """What ``remaining_length()`` said at ``cursor`` (``remaining_length_later``): the layout is a function of it."""
+    return sampler._layout(cursor).local_length(rank)
 
 
 def _finished_end(tail: Tail, position: int, pass_length: int, world_size: int) -> int:

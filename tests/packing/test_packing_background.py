@@ -242,3 +242,46 @@ def test_any_floor_gives_the_counted_samplers_rows_and_states(world_size, tail, 
     with counted_first():
         counted = [run(rank) for rank in range(world_size)]
     assert background == counted
+
+
+class Plans:
+    """A dataset whose item for a row plan is the plan's slices."""
+
+    def __len__(self) -> int:
+        return SIZE
+
+    def __getitem__(self, plan: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        return [tuple(piece) for piece in plan]
+
+
+def resumable_rows(batches_per_epoch: int | None) -> object:
+    from torch.utils.data import DataLoader
+
+    from stateful_sampler import ResumableLoader
+
+    rows = whole_rows(num_replicas=2, rank=1)
+    loader = DataLoader(Plans(), sampler=rows, batch_size=8, collate_fn=list)
+    return ResumableLoader(loader, batches_per_epoch=batches_per_epoch)
+
+
+def _loader_run(batches_per_epoch: int | None, stop: int) -> tuple[list[list[object]], dict[str, object], int]:
+    """A ResumableLoader over whole rows (rank 1 of 2, 0 workers): its first ``stop`` batches, then its state
+    and len()."""
+    loader = resumable_rows(batches_per_epoch)
+    iterator = iter(loader)
+    taken = [next(iterator) for _ in range(stop)]
+    return taken, loader.state_dict(), len(loader)
+
+
+@pytest.mark.parametrize("batches_per_epoch", [None, 10**6])
+def test_a_resumable_loader_serves_its_first_batches_before_the_count_unless_it_caps_the_epoch(batches_per_epoch):
+    with counted_first():
+        expected = _loader_run(batches_per_epoch, 40)
+    with held_count() as held:
+        loader = resumable_rows(batches_per_epoch)
+        iterator = iter(loader)
+        taken = [next(iterator) for _ in range(40)]
+        # no cap: the batches came while the count was held; a cap counts the epoch first, in the main thread
+        assert held["done"] == ([] if batches_per_epoch is None else ["MainThread"])
+        held["release"].set()
+        assert (taken, loader.state_dict(), len(loader)) == expected
