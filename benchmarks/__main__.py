@@ -107,10 +107,10 @@ def _tables(figures: Figures) -> list[str]:
             "|---|---|---|---|---|---|",
         ]
         for row in rows:
-            reference = next(r for r in rows if r.case == row.case and r.system.startswith("ours"))
+            reference = next((r for r in rows if r.case == row.case and r.system.startswith("ours")), None)
             ratio = (
                 ""
-                if row.system.startswith("ours") or row.value is None or not reference.value
+                if row.system.startswith("ours") or row.value is None or reference is None or not reference.value
                 else f"{row.value / reference.value:,.1f}×"
             )
             value = "—" if row.value is None else f"{_number(row.value)} {row.unit}"

@@ -9,8 +9,14 @@ this project's torch): ``benchmarks/stream_peers.py`` is run there once per syst
 
     python -m benchmarks.cases_stream_peers --records 100000
     python -m benchmarks.cases_stream_peers --records 1000000 --resume-only --systems ours litdata mosaic
+    python -m benchmarks.cases_stream_peers --full --scratch /var/tmp/peers-1e7
 
 Each resume runs ``--repeat`` times (3 unless told), a fresh process each; the table gives the medians.
+``--full`` is issue 27's run at 10^7 records (unless ``--records`` says otherwise): ours, ours-arrow, litdata and
+Mosaic, their uninterrupted epochs and every kill and resume, with the targets (ours ahead of litdata to the first
+batch in every pairing). ``--scratch DIR`` keeps the shards in DIR (a directory per record count) and reuses them
+when a marker written after the last shard says they are complete: the writers run once (litdata's takes about
+431 s at 10^7), and a measuring run can be made later on a quiet machine.
 """
 
 from __future__ import annotations
@@ -44,6 +50,13 @@ WRITTEN_BY = {"litdata": "litdata", "mosaic": "mosaic", "mosaic-py1br": "mosaic"
 NEEDS_PEERS = ("litdata", "mosaic", "mosaic-py1br", "hf", "ours-mds", "ours-litdata")
 BATCH, CLASSES, SHARDS = 256, 10, 64
 KILLS = ((0, (0, 2)), (2, (2, 0, 4)))  # workers of the killed run, workers of each resume from its checkpoint
+FULL_RECORDS = 10**7
+FULL_SYSTEMS = ("ours", "ours-arrow", "litdata", "mosaic", "hf")
+HF_MAX_RECORDS = 10**6  # above it the full run leaves HF out, saying why
+HF_LEFT_OUT = ("left out above 10^6 records: HF datasets reads about 4,000 records/s here, so its half epoch before "
+               "the kill alone takes about 20 minutes at 10^7, its epochs and resumes hours")  # fmt: skip
+# The system whose writer makes the shards each system reads (HF reads our parquet).
+WRITER = {**WRITTEN_BY, "hf": "ours"}
 
 
 def _command(system: str, root: Path, records: int, name: str) -> tuple[list[str], dict[str, str]]:
@@ -135,26 +148,35 @@ def run(
     kills: tuple[Any, ...] = KILLS,
     repeat: int = 1,
     epochs: bool = True,
+    scratch: Path | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every system on the same records; ``resume_only``: only the resume cost, from a checkpoint at
     half an epoch (``stream_peers.half_state``), at 0 workers. ``kills``: (workers of the killed run,
     workers of each resume). ``repeat``: each resume's runs (``resume_task``). ``epochs=False``: no
     uninterrupted epoch (quality and throughput), the kills and resumes alone (at 10^7 the epochs at 0 and
-    4 workers take minutes a system)."""
+    4 workers take minutes a system). ``scratch``: the shards are kept in ``scratch/records-N`` and reused
+    (``stream_peers.written``); checkpoints, manifests and logs stay in this run's temporary directory."""
     results: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as scratch:
-        root = Path(scratch)
-        task("ours", root, records, "write")  # the parquet shards, which HF reads too
+    written: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as temporary:
+        root = Path(temporary)
+        store = root if scratch is None else scratch / f"records-{records}"
+        store.mkdir(parents=True, exist_ok=True)
+
+        def shards(writer: str) -> dict[str, Any]:
+            """``writer``'s shards written (or reused) once in the run, and seen under ``root``."""
+            if writer not in written:
+                written[writer] = task(writer, store, records, "write")
+                directory = written[writer].get("shards")
+                if store != root and directory is not None:
+                    (root / directory).symlink_to(store / directory, target_is_directory=True)
+            return {k: v for k, v in written[writer].items() if k == "error"}
+
         for system in systems:
             if resume_only and (system == "mosaic-py1br" or system in THROUGHPUT_ONLY):
                 continue  # shuffle quality and throughput only: no resume of their own
             print(f"  {system} ...", file=sys.stderr, flush=True)
-            result: dict[str, Any] = {}
-            source = WRITTEN_BY.get(system)
-            if source is not None and not (root / source).exists():
-                result.update(task(source, root, records, "write"))
-            elif system.startswith("ours") and system != "ours":
-                result.update(task(system, root, records, "write"))
+            result: dict[str, Any] = shards(WRITER.get(system, system))
             if not resume_only and epochs:
                 epoch = task(system, root, records, "epoch")
                 order = epoch.pop("order", None)
@@ -177,27 +199,51 @@ def run(
                     resume = resume_task(system, root, records, f"resume-w{killed}-{workers}", repeat)
                     result.update({f"kill{killed}_to{workers}_{k}": v for k, v in resume.items()})
             results[system] = result
+    for writer, outcome in written.items():
+        how = "reused" if outcome.get("reused") else f"written in {outcome.get('write_s', 0):.1f} s"
+        print(f"  shards of {writer}: {outcome.get('error', how)}", file=sys.stderr, flush=True)
     return results
+
+
+def full_systems(records: int, systems: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The full run's systems at ``records``, and those left out with the reason (HF above 10^6)."""
+    if records <= HF_MAX_RECORDS or "hf" not in systems:
+        return systems, {}
+    return tuple(s for s in systems if s != "hf"), {"hf": HF_LEFT_OUT}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cases_stream_peers", description=__doc__)
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument("--records", type=int, help=f"100000, or {FULL_RECORDS} with --full")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS,
+                        help=f"every system, or with --full {' '.join(FULL_SYSTEMS)} (HF only up to 10^6)")  # fmt: skip
+    parser.add_argument("--full", action="store_true",
+                        help="issue 27's run at 10^7: every kill and resume, the epochs, the targets")  # fmt: skip
     parser.add_argument("--resume-only", action="store_true", help="only the resume cost at 0 workers (for 10^6+)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each resume, a fresh process each: the median")
     parser.add_argument("--no-epoch", action="store_true", help="the kills and resumes alone: no quality, no records/s")
+    parser.add_argument("--scratch", type=Path, help="keep the shards here and reuse them (a directory per N)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
-    results = run(args.records, tuple(args.systems), args.resume_only, repeat=args.repeat, epochs=not args.no_epoch)
+    if args.full and (args.resume_only or args.no_epoch):
+        parser.error("--full runs the epochs and every kill and resume: not with --resume-only or --no-epoch")
+    records = args.records or (FULL_RECORDS if args.full else 100_000)
+    if records < 2 * BATCH:
+        parser.error(f"--records must be at least {2 * BATCH} (a kill at half an epoch of {BATCH}), got {records}")
+    systems, left_out = tuple(args.systems or (FULL_SYSTEMS if args.full else SYSTEMS)), {}
+    if args.full:
+        systems, left_out = full_systems(records, systems)
+    scratch = None if args.scratch is None else args.scratch.resolve()
+    results = run(records, systems, args.resume_only, repeat=args.repeat, epochs=not args.no_epoch, scratch=scratch)
     for system, result in results.items():
         print(system, json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
     from benchmarks.__main__ import markdown
     from benchmarks.figures import Figures
 
-    print(markdown(Figures(rows=rows(results, args.records, () if args.resume_only else KILLS, args.resume_only),
-                           checks=[])))  # fmt: skip
+    kills = () if args.resume_only else KILLS
+    table = rows(results, records, kills, args.resume_only, left_out)
+    print(markdown(Figures(rows=table, checks=checks(results, kills) if args.full else [])))
     return 0
 
 
@@ -214,10 +260,11 @@ def _outcome(result: dict[str, Any], prefix: str) -> tuple[float | None, str]:
 
 def figure(mode: Mode, run_case: Any, figures: Any) -> None:
     """``python -m benchmarks --only stream-peers`` (the peers need ``.bench-venv``, ``make bench-venv``):
-    2*10^4 records, the kills and resumes, quality and throughput of every reader; with --full the resume
-    cost at 10^6; ``--smoke`` runs ours alone, one kill and one resume. The same table at another size:
+    2*10^4 records, the kills and resumes, quality and throughput of every reader; with --full the run of
+    ``python -m benchmarks.cases_stream_peers --full`` (10^7 records, its targets; the shards written afresh);
+    ``--smoke`` runs ours alone, one kill and one resume. The same table at another size:
     ``python -m benchmarks.cases_stream_peers --records N`` (docs/streaming.md)."""
-    systems: tuple[str, ...] = SYSTEMS
+    systems: tuple[str, ...] = FULL_SYSTEMS if mode.full else SYSTEMS
     skipped = ""
     if mode.smoke:
         skipped = "not run in the smoke pass (it checks that the figure runs; the peers need .bench-venv)"
@@ -225,22 +272,60 @@ def figure(mode: Mode, run_case: Any, figures: Any) -> None:
         skipped = f"{BENCH_PYTHON} is absent (make bench-venv)"
     if skipped:
         print(f"  stream-peers: litdata, Mosaic and HF skipped: {skipped}", file=sys.stderr, flush=True)
-        systems = ("ours",) if mode.smoke else tuple(s for s in SYSTEMS if s not in NEEDS_PEERS)
+        systems = ("ours",) if mode.smoke else tuple(s for s in systems if s not in NEEDS_PEERS)
     # quick: a few minutes (HF reads about 2,000 records/s here); smoke: 32 batches, killed at the 16th
-    records = mode.pick(quick=20_000, full=1_000_000, smoke=8_192)
-    kills = mode.pick(quick=KILLS, full=(), smoke=((2, (0,)),))
-    results = run(records, systems, resume_only=mode.full, kills=kills)
-    figures.rows += rows(results, records, kills, mode.full)
+    records = mode.pick(quick=20_000, full=FULL_RECORDS, smoke=8_192)
+    kills = mode.pick(quick=KILLS, smoke=((2, (0,)),))
+    systems, left_out = full_systems(records, systems) if mode.full else (systems, {})
+    results = run(records, systems, kills=kills, repeat=mode.pick(quick=1, full=3, smoke=1))
+    figures.rows += rows(results, records, kills, False, left_out)
+    if mode.full:
+        figures.checks += checks(results, kills)
 
 
-def rows(results: dict[str, dict[str, Any]], records: int, kills: tuple[Any, ...], resume_only: bool) -> list[Any]:
+def checks(results: dict[str, dict[str, Any]], kills: tuple[Any, ...]) -> list[Any]:
+    """Issue 27's item 2: our parquet and Arrow readers' resume to the first batch ahead of litdata's in every
+    pairing, and every resume of ours exact."""
+    from benchmarks.figures import Check
+
+    found: list[Any] = []
+    for system in ("ours", "ours-arrow"):
+        if system not in results:
+            continue
+        for killed, resumed in kills:
+            for workers in resumed:
+                prefix = f"kill{killed}_to{workers}"
+                ours, theirs = (results.get(s, {}).get(f"{prefix}_first_batch_s") for s in (system, "litdata"))
+                value, outcome = _outcome(results[system], prefix)
+                if ours is None or theirs is None:
+                    peer = _outcome(results.get("litdata", {}), prefix)[1]
+                    measured, met = f"not measured (ours: {outcome}; litdata: {peer})", False
+                else:
+                    measured, met = f"{ours:.3f} s against {theirs:.3f} s ({theirs / ours:.2f}×)", ours < theirs
+                found.append(Check(f"{system}, {killed}→{workers} workers: first batch after a resume before "
+                                   "litdata's", measured, met))  # fmt: skip
+                found.append(Check(f"{system}, {killed}→{workers} workers: the resume exact", outcome, value == 0))
+    return found
+
+
+def rows(
+    results: dict[str, dict[str, Any]],
+    records: int,
+    kills: tuple[Any, ...],
+    resume_only: bool,
+    left_out: dict[str, str] | None = None,
+) -> list[Any]:
     """One table of a run: per system, each kill's records repeated + lost, the resume's time to its first
-    batch (and its CPU time), the state's size, the three quality figures and the records/s."""
+    batch (and its CPU time), the state's size, the three quality figures and the records/s; a system in
+    ``left_out`` has one row, saying why."""
     from benchmarks.figures import Row
 
     name = f"streams side by side, {records:,} class-sorted records"
     table: list[Any] = []
     for system in SYSTEMS:
+        if system in (left_out or {}):
+            table.append(Row(name, "records/s, 0 workers", system, None, "rec/s", note=(left_out or {})[system]))
+            continue
         if system not in results:
             continue  # not asked for, or skipped (the run says why on stderr)
         result = results[system]
