@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     )
     from stateful_sampler.state import SamplerState
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __getattr__, __dir__ = lazy_exports(
     __name__,

@@ -26,10 +26,10 @@ def test_version_is_written_once_and_the_command_prints_it(capsys):
     project = (ROOT / "pyproject.toml").read_text()  # as text: tomllib is Python 3.11+
     assert '\nversion = "' not in project and '\ndynamic = ["version"]' in project
     assert '\nversion = { attr = "stateful_sampler.__version__" }\n' in project
-    assert __version__ == "0.2.0"
+    assert __version__ == "0.3.0"
     with pytest.raises(SystemExit) as stopped:
         main(["--version"])
-    assert stopped.value.code == 0 and capsys.readouterr().out == "stateful-sampler 0.2.0\n"
+    assert stopped.value.code == 0 and capsys.readouterr().out == "stateful-sampler 0.3.0\n"
 
 
 @pytest.mark.slow  # subprocesses
